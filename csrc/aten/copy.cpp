@@ -1,0 +1,56 @@
+// Copies into, out of and between flagos devices. PyTorch's copy_ sends every
+// copy that involves a flagos tensor here (_copy_from). The copy itself runs
+// as the native device's copy_ over zero-copy native views, which already
+// handles dtype conversion, strides, broadcasting, overlap and, on GPUs,
+// non_blocking copies on the current stream.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/copy.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/native_view.h"
+#include "runtime/device.h"
+#include "runtime/native_allocation.h"
+
+namespace torch_fl::aten {
+namespace {
+
+using runtime::kFlagos;
+
+bool is_flagos(const at::Tensor& t) { return t.device().type() == kFlagos; }
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
+                     bool non_blocking) {
+  TORCH_CHECK(is_flagos(self) || self.device().is_cpu(),
+              "copy to flagos: cannot copy from a ", self.device(),
+              " tensor directly; move it to the CPU first");
+  TORCH_CHECK(is_flagos(dst) || dst.device().is_cpu(),
+              "copy from flagos: cannot copy into a ", dst.device(),
+              " tensor directly; copy to the CPU first");
+  runtime::lazy_init();
+  const at::Tensor& device_side = is_flagos(dst) ? dst : self;
+  c10::DeviceGuard guard(device_side.device());
+  NativeViews views;
+  at::Tensor native_dst = is_flagos(dst) ? views.to_native(dst) : dst;
+  at::Tensor native_src = is_flagos(self) ? views.to_native(self) : self;
+  {
+    runtime::NativeAllocationScope scope(device_side.device().index());
+    native_dst.copy_(native_src, non_blocking);
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  return copy_from(self, dst, /*non_blocking=*/false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+}
+
+}  // namespace torch_fl::aten

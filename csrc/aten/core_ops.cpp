@@ -1,0 +1,176 @@
+// Device-core operators: the ones that create, reshape and re-point flagos
+// tensors, and read a scalar back. They touch metadata and the allocator
+// only, so they are the same on every driver and never go through routing.
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/stream.h"
+
+namespace torch_fl::aten {
+namespace {
+
+using runtime::kFlagos;
+
+c10::DeviceIndex target_device(std::optional<c10::Device> device) {
+  c10::DeviceIndex index =
+      device.has_value() && device->has_index() ? device->index() : -1;
+  return runtime::resolve_device(index);
+}
+
+void check_layout(std::optional<c10::Layout> layout) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided,
+              "flagos supports only strided tensors, got layout ", *layout);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_layout(layout);
+  TORCH_CHECK(!pin_memory.value_or(false),
+              "only CPU tensors can be pinned, not flagos tensors");
+  auto index = target_device(device);
+  c10::DeviceGuard guard(c10::Device(kFlagos, index));
+  return at::detail::empty_generic(
+      size, &runtime::device_allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  check_layout(layout);
+  TORCH_CHECK(!pin_memory.value_or(false),
+              "only CPU tensors can be pinned, not flagos tensors");
+  auto index = target_device(device);
+  c10::DeviceGuard guard(c10::Device(kFlagos, index));
+  return at::detail::empty_strided_generic(
+      size, stride, &runtime::device_allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::dtype_or_default(dtype));
+}
+
+void maybe_grow_storage(c10::TensorImpl* self, size_t needed_bytes) {
+  if (needed_bytes == 0) return;
+  auto& storage = self->unsafe_storage();
+  TORCH_CHECK(storage, "cannot resize a flagos tensor without storage");
+  if (needed_bytes > storage.nbytes()) {
+    runtime::resize_storage_bytes(*storage.unsafeGetStorageImpl(), needed_bytes);
+  }
+}
+
+void resize_impl(c10::TensorImpl* self, c10::IntArrayRef size,
+                 std::optional<c10::IntArrayRef> stride) {
+  if (self->sizes() == size && (!stride || self->strides() == *stride)) return;
+  const auto itemsize = self->dtype().itemsize();
+  const auto offset = self->storage_offset();
+  size_t needed;
+  if (stride) {
+    self->set_sizes_and_strides(size, *stride);
+    needed = at::detail::computeStorageNbytes(size, *stride, itemsize, offset);
+  } else {
+    self->set_sizes_contiguous(size);
+    needed = at::detail::computeStorageNbytesContiguous(size, itemsize, offset);
+  }
+  maybe_grow_storage(self, needed);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  for (auto s : size) {
+    TORCH_CHECK(s >= 0, "resize_: sizes must be non-negative, got ", size);
+  }
+  c10::DeviceGuard guard(self.device());
+  resize_impl(self.unsafeGetTensorImpl(), size, std::nullopt);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
+                "unsupported memory format ", *memory_format);
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
+                               int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == kFlagos,
+              "set_: expected a flagos storage, got one on ", source.device());
+  at::native::checkSetStorage(self, std::move(source), storage_offset, size,
+                              stride);
+  self.unsafeGetTensorImpl()->set_storage_offset(storage_offset);
+  c10::DeviceGuard guard(self.device());
+  std::optional<c10::IntArrayRef> st =
+      stride.data() != nullptr ? std::optional<c10::IntArrayRef>(stride)
+                               : std::nullopt;
+  resize_impl(self.unsafeGetTensorImpl(), size, st);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t elements =
+      static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {elements}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(),
+                            source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
+                     &runtime::device_allocator(), /*resizable=*/true);
+  // The empty storage must say which flagos device it belongs to.
+  empty.unsafeGetStorageImpl()->mutable_data_ptr().unsafe_set_device(
+      self.device());
+  return set_storage_offset(self, std::move(empty), 0, {0}, {});
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  auto device = self.device().index();
+  auto host = at::empty({}, self.options().device(c10::kCPU));
+  runtime::driver().copy(host.mutable_data_ptr(), self.const_data_ptr(),
+                         self.dtype().itemsize(), hal::CopyKind::kDeviceToHost,
+                         runtime::stream_handle(runtime::current_stream(device)),
+                         /*async=*/false);
+  return host.item();
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  runtime::device_allocator().recordStream(self.storage().data_ptr(), stream);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("record_stream", TORCH_FN(record_stream));
+}
+
+}  // namespace torch_fl::aten

@@ -1,0 +1,138 @@
+#include "aten/native_provider.h"
+
+#include <c10/core/DeviceGuard.h>
+
+#include "aten/native_view.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+#include "runtime/native_allocation.h"
+
+namespace torch_fl::aten {
+namespace {
+
+using runtime::kFlagos;
+
+bool is_flagos(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kFlagos;
+}
+
+// Tracks the one flagos device an operator runs on, with CUDA's message when
+// arguments disagree.
+struct DeviceOf {
+  c10::DeviceIndex index = -1;
+  const c10::OperatorHandle& op;
+
+  void see(c10::DeviceIndex d) {
+    if (index == -1) {
+      index = d;
+      return;
+    }
+    TORCH_CHECK(index == d,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, flagos:", static_cast<int>(index),
+                " and flagos:", static_cast<int>(d), " (in ",
+                op.schema().operator_name(), ")");
+  }
+};
+
+}  // namespace
+
+void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
+                torch::jit::Stack* stack) {
+  const size_t base = stack->size() - plan.num_arguments;
+  NativeViews views;
+  DeviceOf device{-1, op};
+  // (flagos, native view) of every argument the kernel may write.
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;
+
+  auto convert = [&](const at::Tensor& t, bool is_write) -> at::Tensor {
+    if (!is_flagos(t)) return t;
+    device.see(t.device().index());
+    at::Tensor native = views.to_native(t);
+    if (is_write) written.emplace_back(t, native);
+    return native;
+  };
+
+  for (const ArgSlot& slot : plan.slots) {
+    c10::IValue& v = (*stack)[base + slot.index];
+    switch (slot.kind) {
+      case ArgKind::kTensor:
+        if (v.isTensor()) v = convert(v.toTensor(), slot.is_write);
+        break;
+      case ArgKind::kTensorList: {
+        if (!v.isTensorList()) break;
+        auto in = v.toTensorList();
+        c10::List<at::Tensor> out;
+        out.reserve(in.size());
+        for (const at::Tensor& t : in) out.push_back(convert(t, slot.is_write));
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kOptionalTensorList: {
+        if (!v.isOptionalTensorList()) break;
+        auto in = v.toOptionalTensorList();
+        c10::List<std::optional<at::Tensor>> out;
+        out.reserve(in.size());
+        for (const std::optional<at::Tensor>& t : in) {
+          out.push_back(t.has_value()
+                            ? std::optional<at::Tensor>(convert(*t, slot.is_write))
+                            : std::nullopt);
+        }
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kDevice:
+        if (v.isDevice() && v.toDevice().type() == kFlagos) {
+          auto d = v.toDevice();
+          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
+          v = c10::IValue(c10::Device(NativeViews::native_type()));
+        }
+        break;
+      case ArgKind::kGenerator:
+        break;  // after the device is known
+    }
+  }
+  if (device.index == -1) device.index = runtime::current_device();
+  for (const ArgSlot& slot : plan.slots) {
+    if (slot.kind != ArgKind::kGenerator) continue;
+    c10::IValue& v = (*stack)[base + slot.index];
+    std::optional<at::Generator> gen;
+    if (v.isGenerator()) gen = v.toGenerator();
+    v = c10::IValue(runtime::native_generator(gen, device.index));
+  }
+
+  {
+    c10::DeviceGuard guard(c10::Device(kFlagos, device.index));
+    runtime::NativeAllocationScope scope(device.index);
+    auto key = NativeViews::native_type() == c10::DeviceType::CPU
+                   ? c10::DispatchKey::CPU
+                   : c10::DispatchKey::CUDA;
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(key), stack);
+    } catch (c10::NotImplementedError& e) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          false, op.schema().operator_name(), " has no ",
+          c10::toString(NativeViews::native_type()),
+          " kernel for flagos to run on the '", runtime::driver().name(),
+          "' driver. Native error: ", e.what_without_backtrace());
+    }
+  }
+
+  for (auto& [flagos, native] : written) views.sync_back(flagos, native);
+
+  const size_t ret_base = stack->size() - plan.num_returns;
+  for (size_t i = ret_base; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (r.isTensor()) {
+      r = views.to_flagos(r.toTensor(), device.index);
+    } else if (r.isTensorList()) {
+      auto in = r.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(in.size());
+      for (const at::Tensor& t : in) out.push_back(views.to_flagos(t, device.index));
+      r = std::move(out);
+    }
+  }
+}
+
+}  // namespace torch_fl::aten

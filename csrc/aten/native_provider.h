@@ -1,0 +1,20 @@
+#pragma once
+
+// The `native` provider: runs an operator with the driver's own kernels
+// (PyTorch's CPU kernels on the host driver) over zero-copy native views of
+// the flagos arguments, then maps the results back to flagos tensors. In-place
+// and out= arguments come back as the same flagos tensors (with any resize
+// carried over), views as flagos tensors on the argument's storage, fresh
+// results as flagos memory with no copy.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "aten/op_plan.h"
+
+namespace torch_fl::aten {
+
+void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
+                torch::jit::Stack* stack);
+
+}  // namespace torch_fl::aten

@@ -1,0 +1,55 @@
+#pragma once
+
+// Zero-copy "native views": a tensor of the driver's native device type (CPU
+// on the host driver) over the same memory as a flagos tensor, and the way
+// back. A native view never changes the flagos tensor or its storage: it gets
+// a StorageImpl of its own that points at the same bytes.
+//
+// One NativeViews object serves one kernel call: flagos tensors that share a
+// storage get native views that share one native storage, so aliasing between
+// arguments survives the trip, and results are mapped back by storage.
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+namespace torch_fl::aten {
+
+class NativeViews {
+ public:
+  // The device type native views are made of (kCPU for the host driver).
+  static c10::DeviceType native_type();
+
+  // A native view of a flagos tensor (undefined stays undefined).
+  at::Tensor to_native(const at::Tensor& flagos);
+
+  // A flagos tensor for a native result of this call: the flagos argument
+  // itself when `native` is one of our views, a flagos tensor on the argument's
+  // storage when it aliases one, else the result's memory adopted (or, memory
+  // flagos did not allocate, copied) onto flagos device `device`.
+  at::Tensor to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+
+  // After a kernel ran: carries changes a kernel made to the native view of a
+  // mutable argument (resize, restride, a grown storage) to the flagos tensor.
+  void sync_back(const at::Tensor& flagos, const at::Tensor& native_view);
+
+ private:
+  struct StoragePair {
+    c10::StorageImpl* flagos;
+    c10::Storage native;
+    void* original_data;
+  };
+  struct TensorPair {
+    c10::TensorImpl* native;
+    at::Tensor flagos;
+  };
+  c10::SmallVector<StoragePair, 4> storages_;
+  c10::SmallVector<TensorPair, 4> tensors_;
+  // Native storages of results already mapped to a flagos storage.
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
+};
+
+// A flagos tensor over `storage` with the geometry (sizes, strides, offset,
+// conj/neg bits) of `like`.
+at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like);
+
+}  // namespace torch_fl::aten

@@ -1,0 +1,143 @@
+// torch_fl._C: the thin binding the Python package wires together. Streams and
+// events need no binding: torch.Stream / torch.Event reach the flagos device
+// guard directly.
+
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
+
+#include "hal/driver.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+
+namespace py = pybind11;
+
+namespace torch_fl::python {
+namespace {
+
+using runtime::device_allocator;
+
+// Runs `f`, turning C++ errors into the Python exceptions torch users expect
+// (IndexError, ValueError, torch.OutOfMemoryError, RuntimeError).
+template <typename F>
+auto guarded(F&& f) {
+  HANDLE_TH_ERRORS
+  try {
+    return f();
+  } catch (const hal::ConfigError& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+py::dict memory_stats(c10::DeviceIndex device) {
+  auto stats = guarded([&] { return device_allocator().getDeviceStats(device); });
+  py::dict out;
+  const char* pools[] = {"all", "small_pool", "large_pool"};
+  auto add_array = [&](const char* name, const auto& arr) {
+    for (size_t p = 0; p < 3; ++p) {
+      std::string prefix = std::string(name) + "." + pools[p] + ".";
+      out[py::str(prefix + "current")] = arr[p].current;
+      out[py::str(prefix + "peak")] = arr[p].peak;
+      out[py::str(prefix + "allocated")] = arr[p].allocated;
+      out[py::str(prefix + "freed")] = arr[p].freed;
+    }
+  };
+  add_array("allocation", stats.allocation);
+  add_array("segment", stats.segment);
+  add_array("active", stats.active);
+  add_array("allocated_bytes", stats.allocated_bytes);
+  add_array("reserved_bytes", stats.reserved_bytes);
+  add_array("active_bytes", stats.active_bytes);
+  add_array("requested_bytes", stats.requested_bytes);
+  out["num_alloc_retries"] = stats.num_alloc_retries;
+  out["num_ooms"] = stats.num_ooms;
+  out["num_device_alloc"] = stats.num_device_alloc;
+  out["num_device_free"] = stats.num_device_free;
+  return out;
+}
+
+}  // namespace
+}  // namespace torch_fl::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torch_fl;
+  using python::guarded;
+  m.doc() = "torch_fl native bindings";
+
+  // Selects and validates the driver; the device itself initialises on first
+  // use (runtime::lazy_init), which is what fork safety keys on.
+  m.def("_init", [] {
+    guarded([] {
+      hal::driver();
+      return 0;
+    });
+  });
+  m.def("_driver_name", [] {
+    return guarded([] { return std::string(hal::driver().name()); });
+  });
+  m.def("_available_drivers", [] { return hal::available_drivers(); });
+  m.def("_device_count", [] { return static_cast<int>(runtime::device_count()); });
+  m.def("_current_device", [] {
+    return guarded([] { return static_cast<int>(runtime::current_device()); });
+  });
+  m.def("_set_device", [](int d) {
+    guarded([&] {
+      runtime::set_device(static_cast<c10::DeviceIndex>(d));
+      return 0;
+    });
+  });
+  m.def("_exchange_device", [](int d) {
+    return guarded([&] {
+      auto prev = runtime::current_device();
+      if (d >= 0 && d != prev) runtime::set_device(static_cast<c10::DeviceIndex>(d));
+      return static_cast<int>(prev);
+    });
+  });
+  m.def("_synchronize", [](int d) {
+    guarded([&] {
+      auto index = runtime::resolve_device(static_cast<c10::DeviceIndex>(d));
+      py::gil_scoped_release no_gil;
+      hal::driver().synchronizeDevice(index);
+      return 0;
+    });
+  });
+  m.def("_memory_stats", [](int d) {
+    return python::memory_stats(static_cast<c10::DeviceIndex>(d));
+  });
+  m.def("_reset_peak_memory_stats", [](int d) {
+    guarded([&] {
+      runtime::device_allocator().resetPeakStats(static_cast<c10::DeviceIndex>(d));
+      return 0;
+    });
+  });
+  m.def("_reset_accumulated_memory_stats", [](int d) {
+    guarded([&] {
+      runtime::device_allocator().resetAccumulatedStats(
+          static_cast<c10::DeviceIndex>(d));
+      return 0;
+    });
+  });
+  m.def("_empty_cache", [] {
+    guarded([] {
+      runtime::device_allocator().emptyCache();
+      return 0;
+    });
+  });
+  m.def("_mem_get_info", [](int d) {
+    return guarded([&] {
+      return runtime::device_allocator().getMemoryInfo(
+          static_cast<c10::DeviceIndex>(d));
+    });
+  });
+  m.def("_get_default_generator", [](int d) {
+    return guarded([&] {
+      const auto& gen =
+          runtime::default_generator(static_cast<c10::DeviceIndex>(d));
+      return py::reinterpret_steal<py::object>(
+          THPGenerator_initDefaultGenerator(gen));
+    });
+  });
+  m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
+}

@@ -1,0 +1,332 @@
+#include "runtime/allocator.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+
+#include "runtime/device.h"
+#include "runtime/stream.h"
+
+namespace torch_fl::runtime {
+namespace {
+
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+
+constexpr size_t kRound = 512;               // allocation granularity
+constexpr size_t kSmallLimit = 1 << 20;      // small pool: under 1 MiB
+constexpr int kMaxDevices = 64;
+
+struct Block {
+  void* ptr;
+  size_t size;       // bytes held from the driver (rounded)
+  size_t requested;  // bytes the caller asked for
+  c10::DeviceIndex device;
+  c10::StreamId stream;                 // allocation stream
+  std::vector<c10::Stream> used_on;     // extra streams (recordStream)
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+struct Pending {
+  Block* block;
+  std::vector<hal::EventHandle> events;
+};
+
+struct DevicePool {
+  std::mutex mu;
+  std::set<Block*, BlockLess> free_blocks;
+  std::vector<Pending> pending;
+  DeviceStats stats;
+};
+
+DevicePool& pool(c10::DeviceIndex device) {
+  static std::array<DevicePool, kMaxDevices> pools;
+  return pools[device];
+}
+
+size_t round_size(size_t n) {
+  return n == 0 ? kRound : (n + kRound - 1) / kRound * kRound;
+}
+
+// A cached block may serve a smaller request if it wastes little.
+bool fits(size_t block_size, size_t rounded) {
+  return block_size <= std::max(rounded + rounded / 4, rounded + 4096);
+}
+
+template <typename F>
+void for_pool(size_t size, F&& f) {
+  f(static_cast<size_t>(StatType::AGGREGATE));
+  f(static_cast<size_t>(size < kSmallLimit ? StatType::SMALL_POOL
+                                           : StatType::LARGE_POOL));
+}
+
+std::string format_bytes(size_t n) {
+  char buf[64];
+  if (n >= (size_t(1) << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", n / double(1 << 30));
+  } else if (n >= (size_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", n / double(1 << 20));
+  } else if (n >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", n / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu bytes", n);
+  }
+  return buf;
+}
+
+// Moves blocks whose streams have finished from pending to the free set.
+void process_pending(DevicePool& p, bool wait) {
+  auto& d = driver();
+  auto it = p.pending.begin();
+  while (it != p.pending.end()) {
+    bool done = true;
+    for (auto e : it->events) {
+      if (wait) d.synchronizeEvent(e);
+      if (!d.queryEvent(e)) done = false;
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    for (auto e : it->events) d.destroyEvent(e);
+    p.free_blocks.insert(it->block);
+    it = p.pending.erase(it);
+  }
+}
+
+// Returns every cached block of the device to the driver. Caller holds p.mu.
+void release_cache(DevicePool& p, c10::DeviceIndex device) {
+  process_pending(p, /*wait=*/true);
+  auto& d = driver();
+  for (Block* b : p.free_blocks) {
+    d.deallocate(device, b->ptr, b->size);
+    for_pool(b->size, [&](size_t i) { p.stats.segment[i].decrease(1); });
+    for_pool(b->size, [&](size_t i) { p.stats.reserved_bytes[i].decrease(b->size); });
+    p.stats.num_device_free++;
+    delete b;
+  }
+  p.free_blocks.clear();
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  auto& p = pool(b->device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  for_pool(b->size, [&](size_t i) {
+    p.stats.allocation[i].decrease(1);
+    p.stats.active[i].decrease(1);
+    p.stats.allocated_bytes[i].decrease(b->size);
+    p.stats.active_bytes[i].decrease(b->size);
+    p.stats.requested_bytes[i].decrease(b->requested);
+  });
+  if (b->used_on.empty()) {
+    p.free_blocks.insert(b);
+    return;
+  }
+  // Used on other streams: reusable once their work up to now has finished.
+  Pending pend{b, {}};
+  auto& d = driver();
+  for (const auto& s : b->used_on) {
+    auto e = d.createEvent(b->device, /*enable_timing=*/false);
+    d.recordEvent(e, stream_handle(s));
+    pend.events.push_back(e);
+  }
+  b->used_on.clear();
+  p.pending.push_back(std::move(pend));
+}
+
+}  // namespace
+
+c10::DataPtr FlagosAllocator::allocate(size_t nbytes) {
+  return allocate_on(current_device(), nbytes, kFlagos);
+}
+
+c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
+                                          size_t nbytes,
+                                          c10::DeviceType label) {
+  lazy_init();
+  c10::Device dev(label, label == kFlagos ? device : -1);
+  if (nbytes == 0) return c10::DataPtr(nullptr, dev);
+  const size_t size = round_size(nbytes);
+  const c10::StreamId stream = current_stream(device).id();
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (!p.pending.empty()) process_pending(p, /*wait=*/false);
+
+  Block key{nullptr, size, 0, device, stream, {}};
+  Block* b = nullptr;
+  auto it = p.free_blocks.lower_bound(&key);
+  if (it != p.free_blocks.end() && (*it)->stream == stream && fits((*it)->size, size)) {
+    b = *it;
+    p.free_blocks.erase(it);
+  } else {
+    auto& d = driver();
+    void* ptr = d.allocate(device, size);
+    if (ptr == nullptr) {
+      p.stats.num_alloc_retries++;
+      release_cache(p, device);
+      ptr = d.allocate(device, size);
+    }
+    if (ptr == nullptr) {
+      p.stats.num_ooms++;
+      auto info = d.memoryInfo(device);
+      auto allocated = p.stats.allocated_bytes[0].current;
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, "flagos out of memory on device ",
+          static_cast<int>(device), ": tried to allocate ", format_bytes(nbytes),
+          ". The device has ", format_bytes(info.total_bytes), " in all, ",
+          format_bytes(info.free_bytes), " free; ", format_bytes(allocated),
+          " is held by flagos tensors and the flagos cache was emptied before "
+          "this error.",
+          d.name() == "host"
+              ? " (The host driver's capacity is FLAGOS_HOST_MEMORY_LIMIT.)"
+              : "");
+    }
+    b = new Block{ptr, size, 0, device, stream, {}};
+    p.stats.num_device_alloc++;
+    for_pool(size, [&](size_t i) {
+      p.stats.segment[i].increase(1);
+      p.stats.reserved_bytes[i].increase(size);
+    });
+  }
+  b->requested = nbytes;
+  for_pool(size, [&](size_t i) {
+    p.stats.allocation[i].increase(1);
+    p.stats.active[i].increase(1);
+    p.stats.allocated_bytes[i].increase(size);
+    p.stats.active_bytes[i].increase(size);
+    p.stats.requested_bytes[i].increase(nbytes);
+  });
+  return c10::DataPtr(b->ptr, b, &free_block, dev);
+}
+
+c10::DeleterFnPtr FlagosAllocator::raw_deleter() const { return nullptr; }
+
+void FlagosAllocator::copy_data(void* dest, const void* src,
+                                size_t count) const {
+  driver().copy(dest, src, count, hal::CopyKind::kDeviceToDevice, nullptr,
+                /*async=*/false);
+}
+
+bool FlagosAllocator::initialized() { return true; }
+
+void FlagosAllocator::emptyCache(c10::MempoolId_t) {
+  auto n = device_count();
+  for (c10::DeviceIndex i = 0; i < n; ++i) {
+    auto& p = pool(i);
+    std::lock_guard<std::mutex> lock(p.mu);
+    release_cache(p, i);
+  }
+}
+
+void FlagosAllocator::recordStream(const c10::DataPtr& ptr,
+                                   c10::Stream stream) {
+  if (!owns(ptr) || stream.device_type() != kFlagos) return;
+  auto* b = static_cast<Block*>(ptr.get_context());
+  if (stream.id() == b->stream) return;
+  auto& p = pool(b->device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (std::find(b->used_on.begin(), b->used_on.end(), stream) == b->used_on.end())
+    b->used_on.push_back(stream);
+}
+
+DeviceStats FlagosAllocator::getDeviceStats(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  return p.stats;
+}
+
+void FlagosAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto reset = [](auto& arr) {
+    for (auto& s : arr) s.reset_accumulated();
+  };
+  reset(p.stats.allocation);
+  reset(p.stats.segment);
+  reset(p.stats.active);
+  reset(p.stats.allocated_bytes);
+  reset(p.stats.reserved_bytes);
+  reset(p.stats.active_bytes);
+  reset(p.stats.requested_bytes);
+  p.stats.num_alloc_retries = 0;
+  p.stats.num_ooms = 0;
+  p.stats.num_device_alloc = 0;
+  p.stats.num_device_free = 0;
+}
+
+void FlagosAllocator::resetPeakStats(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto reset = [](auto& arr) {
+    for (auto& s : arr) s.reset_peak();
+  };
+  reset(p.stats.allocation);
+  reset(p.stats.segment);
+  reset(p.stats.active);
+  reset(p.stats.allocated_bytes);
+  reset(p.stats.reserved_bytes);
+  reset(p.stats.active_bytes);
+  reset(p.stats.requested_bytes);
+}
+
+std::pair<size_t, size_t> FlagosAllocator::getMemoryInfo(
+    c10::DeviceIndex device) {
+  auto info = driver().memoryInfo(resolve_device(device));
+  return {info.free_bytes, info.total_bytes};
+}
+
+bool FlagosAllocator::owns(const c10::DataPtr& ptr) noexcept {
+  return ptr.get_deleter() == &free_block;
+}
+
+c10::DeviceIndex FlagosAllocator::device_of(const c10::DataPtr& ptr) noexcept {
+  return static_cast<Block*>(ptr.get_context())->device;
+}
+
+void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
+  TORCH_CHECK(storage.resizable(),
+              "cannot resize a flagos storage that is not resizable (it wraps "
+              "memory that flagos does not own)");
+  auto device = storage.device().index();
+  c10::DataPtr fresh = device_allocator().allocate_on(device, nbytes, kFlagos);
+  size_t keep = std::min(nbytes, storage.nbytes());
+  if (keep > 0) {
+    driver().copy(fresh.get(), storage.data_ptr().get(), keep,
+                  hal::CopyKind::kDeviceToDevice,
+                  stream_handle(current_stream(device)), /*async=*/false);
+  }
+  storage.set_data_ptr_noswap(std::move(fresh));
+  storage.set_nbytes(nbytes);
+}
+
+FlagosAllocator& device_allocator() {
+  static FlagosAllocator* instance = [] {
+    auto* a = new FlagosAllocator();  // leaked: frees run until exit
+    c10::SetAllocator(kFlagos, a);
+    return a;
+  }();
+  return *instance;
+}
+
+// Registered at load so that PyTorch finds it before the first allocation.
+static const bool kRegistered = (device_allocator(), true);
+
+}  // namespace torch_fl::runtime

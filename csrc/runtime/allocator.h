@@ -1,0 +1,56 @@
+#pragma once
+
+// The flagos device allocator: a caching allocator over the driver's memory,
+// with the statistics torch.flagos.memory_* and torch.accelerator.memory_*
+// report. Contract:
+//  - allocate() serves the current device and stream; a freed block is reused
+//    only on the stream it was allocated on, or, when recordStream() named
+//    other streams, once events show their work has finished;
+//  - when the driver has no room, the cache is released and the allocation
+//    retried; then c10::OutOfMemoryError (torch.OutOfMemoryError) is thrown
+//    with the requested, free and cached bytes in its message;
+//  - every DataPtr it returns frees through free_block(), whatever device
+//    label the DataPtr carries (owns() recognises them).
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/StorageImpl.h>
+
+namespace torch_fl::runtime {
+
+class FlagosAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  // Allocation on `device`, labelled with `label` (kCPU for the host driver's
+  // native views; see native_allocation.h).
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes,
+                           c10::DeviceType label);
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, size_t count) const override;
+
+  bool initialized() override;
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(
+      c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  // True when `ptr` came from this allocator.
+  static bool owns(const c10::DataPtr& ptr) noexcept;
+  // The device a DataPtr of this allocator lives on.
+  static c10::DeviceIndex device_of(const c10::DataPtr& ptr) noexcept;
+};
+
+FlagosAllocator& device_allocator();
+
+}  // namespace torch_fl::runtime
+
+namespace torch_fl::runtime {
+
+// Grows (or shrinks) a flagos storage to `nbytes`, keeping its first
+// min(old, new) bytes: what resize_ and UntypedStorage.resize_ need.
+void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes);
+
+}  // namespace torch_fl::runtime

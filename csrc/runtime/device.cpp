@@ -1,0 +1,75 @@
+#include "runtime/device.h"
+
+#include <atomic>
+#include <mutex>
+#include <pthread.h>
+
+#include <c10/util/Exception.h>
+
+namespace torch_fl::runtime {
+namespace {
+
+std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_in_bad_fork{false};
+
+void on_fork_child() {
+  if (g_initialized.load()) g_in_bad_fork.store(true);
+}
+
+}  // namespace
+
+void lazy_init() {
+  if (g_initialized.load(std::memory_order_acquire)) {
+    TORCH_CHECK(!g_in_bad_fork.load(),
+                "Cannot re-initialize flagos in a forked subprocess: the "
+                "device was initialised in the parent. Use the 'spawn' start "
+                "method (torch.multiprocessing.set_start_method('spawn')).");
+    return;
+  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    driver();  // selects and validates the driver; throws on bad config
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    g_initialized.store(true, std::memory_order_release);
+  });
+}
+
+bool is_in_bad_fork() noexcept { return g_in_bad_fork.load(); }
+
+c10::DeviceIndex device_count() noexcept {
+  try {
+    return static_cast<c10::DeviceIndex>(driver().deviceCount());
+  } catch (...) {
+    return 0;
+  }
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  auto n = device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < n, "flagos device index ",
+                    static_cast<int>(index), " is out of range: this process has ",
+                    static_cast<int>(n), " flagos device(s), valid indices are 0..",
+                    static_cast<int>(n) - 1,
+                    n == 1 && driver().name() == "host"
+                        ? " (the host driver's count is set by FLAGOS_HOST_DEVICES)"
+                        : "");
+}
+
+c10::DeviceIndex resolve_device(c10::DeviceIndex index) {
+  if (index < 0) return current_device();
+  check_device_index(index);
+  return index;
+}
+
+c10::DeviceIndex current_device() {
+  lazy_init();
+  return static_cast<c10::DeviceIndex>(driver().currentDevice());
+}
+
+void set_device(c10::DeviceIndex index) {
+  lazy_init();
+  check_device_index(index);
+  driver().setDevice(index);
+}
+
+}  // namespace torch_fl::runtime

@@ -1,0 +1,114 @@
+#include "runtime/stream.h"
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include <c10/util/Exception.h>
+
+#include "runtime/device.h"
+
+namespace torch_fl::runtime {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr c10::StreamId kMaxStreams = 4096;
+constexpr c10::StreamId kFirstNew = 2 * kStreamPoolSize + 1;
+
+struct DeviceStreams {
+  std::array<std::atomic<hal::StreamHandle>, kMaxStreams> handles{};
+  std::atomic<c10::StreamId> next_new{kFirstNew};
+  std::atomic<uint32_t> next_pool[2] = {0, 0};
+  std::mutex create_mu;
+};
+
+DeviceStreams& streams_of(c10::DeviceIndex device) {
+  static std::array<std::unique_ptr<DeviceStreams>, kMaxDevices> table;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (auto& t : table) t = std::make_unique<DeviceStreams>();
+  });
+  return *table[device];
+}
+
+// Per-thread current stream id of each device (0: the default stream).
+thread_local std::array<c10::StreamId, kMaxDevices> tls_current{};
+
+hal::StreamHandle create_handle(c10::DeviceIndex device, c10::StreamId id) {
+  if (id == 0) return driver().defaultStream(device);
+  int priority = (id > kStreamPoolSize && id <= 2 * kStreamPoolSize) ? -1 : 0;
+  return driver().createStream(device, priority);
+}
+
+hal::StreamHandle handle_for(c10::DeviceIndex device, c10::StreamId id) {
+  auto& ds = streams_of(device);
+  hal::StreamHandle h = ds.handles[id].load(std::memory_order_acquire);
+  if (h != nullptr) return h;
+  std::lock_guard<std::mutex> lock(ds.create_mu);
+  h = ds.handles[id].load();
+  if (h == nullptr) {
+    h = create_handle(device, id);
+    ds.handles[id].store(h, std::memory_order_release);
+  }
+  return h;
+}
+
+c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kFlagos, device), id);
+}
+
+}  // namespace
+
+c10::Stream default_stream(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  return make_stream(device, 0);
+}
+
+c10::Stream pool_stream(c10::DeviceIndex device, bool high_priority) {
+  device = resolve_device(device);
+  auto& counter = streams_of(device).next_pool[high_priority ? 1 : 0];
+  c10::StreamId idx = counter.fetch_add(1) % kStreamPoolSize;
+  return make_stream(device, 1 + idx + (high_priority ? kStreamPoolSize : 0));
+}
+
+c10::Stream new_stream(c10::DeviceIndex device, int priority) {
+  device = resolve_device(device);
+  if (priority < 0) return pool_stream(device, true);
+  auto& ds = streams_of(device);
+  c10::StreamId id = ds.next_new.fetch_add(1);
+  TORCH_CHECK(id < kMaxStreams, "too many flagos streams on device ",
+              static_cast<int>(device), " (the limit is ", kMaxStreams - kFirstNew,
+              " new streams per device); reuse streams or take them from the "
+              "pool (torch.flagos.Stream())");
+  handle_for(device, id);
+  return make_stream(device, id);
+}
+
+c10::Stream current_stream(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  return make_stream(device, tls_current[device]);
+}
+
+c10::Stream exchange_stream(c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kFlagos, "expected a flagos stream, got a ",
+              stream.device_type(), " stream");
+  auto device = resolve_device(stream.device_index());
+  stream_handle(stream);  // validates the id
+  auto prev = make_stream(device, tls_current[device]);
+  tls_current[device] = stream.id();
+  return prev;
+}
+
+hal::StreamHandle stream_handle(const c10::Stream& stream) {
+  auto device = stream.device_index();
+  check_device_index(device);
+  auto id = stream.id();
+  auto& ds = streams_of(device);
+  bool known = id >= 0 && (id < kFirstNew || id < ds.next_new.load());
+  TORCH_CHECK(known && id < kMaxStreams, "unknown flagos stream id ", id,
+              " on device ", static_cast<int>(device));
+  return handle_for(device, id);
+}
+
+}  // namespace torch_fl::runtime

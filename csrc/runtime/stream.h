@@ -1,0 +1,30 @@
+#pragma once
+
+// flagos streams as c10::Streams. A c10 StreamId indexes a per-device table of
+// driver stream handles:
+//   0                    the default stream
+//   1 .. kPoolSize       the normal-priority pool (handed out round-robin)
+//   kPoolSize+1 .. 2*kPoolSize  the high-priority pool
+//   above                streams made by getNewStream (live until exit)
+// The current stream is per thread and per device, as in CUDA.
+
+#include <c10/core/Stream.h>
+
+#include "hal/driver.h"
+
+namespace torch_fl::runtime {
+
+constexpr int kStreamPoolSize = 32;
+
+c10::Stream default_stream(c10::DeviceIndex device);
+c10::Stream pool_stream(c10::DeviceIndex device, bool high_priority);
+c10::Stream new_stream(c10::DeviceIndex device, int priority);
+
+c10::Stream current_stream(c10::DeviceIndex device);
+// Makes `stream` current for its device on this thread; returns the previous.
+c10::Stream exchange_stream(c10::Stream stream);
+
+// The driver handle behind a flagos stream; throws for an unknown id.
+hal::StreamHandle stream_handle(const c10::Stream& stream);
+
+}  // namespace torch_fl::runtime

@@ -1,0 +1,14 @@
+#pragma once
+
+// The one place that knows which torch release it is built against. One source
+// tree builds against torch 2.11 (GPU machines) and 2.13/2.14 (CI); code that
+// differs between them tests these macros and nothing else.
+
+#include <torch/version.h>
+
+#define FLAGOS_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||         \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+static_assert(FLAGOS_TORCH_AT_LEAST(2, 11),
+              "torch_fl needs torch 2.11 or newer");

@@ -1,0 +1,58 @@
+"""torch_fl: the ``flagos`` device for PyTorch.
+
+``import torch_fl`` (or just ``import torch``, through the ``torch.backends``
+entry point) registers the PrivateUse1 backend under the name ``flagos``:
+``torch.randn(3, device="flagos")`` then runs on the driver chosen by
+``FLAGOS_ACCELERATOR`` (``host`` on any machine, ``cuda`` on NVIDIA GPUs).
+"""
+
+import torch
+
+# Loading the extension registers the allocator, device guard, hooks and
+# kernels (all at library load); _init selects and validates the driver, so a
+# bad FLAGOS_* setting fails here, with a message naming it.
+from . import _C
+
+_C._init()
+
+if torch._C._get_privateuse1_backend_name() != "flagos":
+    torch.utils.rename_privateuse1_backend("flagos")
+
+from . import flagos  # noqa: E402
+
+torch._register_device_module("flagos", flagos)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+__version__ = "0.1.0"
+
+
+def is_flaggems_enabled() -> bool:
+    """Whether FlagGems' Triton kernels serve any operator in this process.
+
+    The ``flaggems`` provider needs the cuda driver and an importable
+    ``flag_gems``; on the host driver this is always False.
+    """
+    return False
+
+
+def get_registered_ops() -> list:
+    """Operators with a dedicated flagos (PrivateUse1) kernel.
+
+    Every other operator is served by the boxed routing path, which reaches
+    the driver's native kernels (see docs/architecture.md).
+    """
+    return sorted(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
+
+
+def driver() -> str:
+    """Name of the active driver: ``host`` or ``cuda``."""
+    return _C._driver_name()
+
+
+def _autoload():
+    """Entry point for ``torch.backends``: importing the package is enough."""
+
+
+__all__ = ["flagos", "is_flaggems_enabled", "get_registered_ops", "driver"]

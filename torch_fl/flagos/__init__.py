@@ -1,0 +1,93 @@
+"""torch.flagos: the device module, shaped like torch.cuda.
+
+Also reachable as ``torch.flagos`` once torch_fl is imported.
+"""
+
+import torch
+
+from .. import _C
+from ._device import (
+    current_device,
+    device,
+    device_count,
+    device_of,
+    init,
+    is_available,
+    is_initialized,
+    set_device,
+    synchronize,
+    _is_in_bad_fork,
+    _lazy_init,
+)
+from .amp import get_amp_supported_dtype
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
+
+__all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_generators",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
+]

@@ -1,0 +1,113 @@
+"""Device selection: indices, the current device, the device context."""
+
+import torch
+
+from .. import _C
+
+
+def _device_index(device, optional: bool = True) -> int:
+    """Normalises ``device`` to an index; -1 means "current" (if optional).
+
+    Accepts None, an int, "flagos", "flagos:N" or a torch.device of type
+    flagos. Anything else raises with the accepted forms.
+    """
+    if device is None:
+        if optional:
+            return -1
+        raise ValueError("a flagos device is required (an int, 'flagos:N' or torch.device)")
+    if isinstance(device, bool):
+        raise TypeError(f"a flagos device must be an int, str or torch.device, not {device!r}")
+    if isinstance(device, int):
+        index = device
+    else:
+        if isinstance(device, str):
+            try:
+                device = torch.device(device)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"{device!r} is not a device: use 'flagos' or 'flagos:N'"
+                ) from e
+        if not isinstance(device, torch.device):
+            raise TypeError(
+                f"a flagos device must be an int, str or torch.device, not {type(device).__name__}"
+            )
+        if device.type != "flagos":
+            raise ValueError(f"expected a flagos device, got {device}")
+        if device.index is None:
+            return -1 if optional else current_device()
+        index = device.index
+    if index < 0:
+        if optional and index == -1:
+            return -1
+        raise IndexError(f"flagos device index {index} is negative")
+    count = device_count()
+    if index >= count:
+        raise IndexError(
+            f"flagos device index {index} is out of range: this process has {count} "
+            f"flagos device(s), valid indices are 0..{count - 1}"
+        )
+    return index
+
+
+def is_available() -> bool:
+    """True when at least one flagos device can be used."""
+    return _C._device_count() > 0
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device) -> None:
+    index = _device_index(device)
+    if index >= 0:
+        _C._set_device(index)
+
+
+def synchronize(device=None) -> None:
+    """Waits for all work on every stream of ``device`` (default: current)."""
+    _C._synchronize(_device_index(device))
+
+
+class device:
+    """Context manager that makes ``device`` current and restores the previous one."""
+
+    def __init__(self, device):
+        self.idx = _device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = _C._exchange_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev_idx >= 0:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Makes the device of tensor ``obj`` current (no-op for non-flagos tensors)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "flagos" else -1)
+
+
+def _is_in_bad_fork() -> bool:
+    return _C._is_in_bad_fork()
+
+
+def is_initialized() -> bool:
+    return not _is_in_bad_fork()
+
+
+def _lazy_init() -> None:
+    _C._init()
+
+
+def init() -> None:
+    _lazy_init()

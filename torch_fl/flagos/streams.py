@@ -1,0 +1,88 @@
+"""Streams and events: thin subclasses of torch.Stream / torch.Event bound to flagos."""
+
+import torch
+
+from ._device import _device_index, current_device
+
+_FLAGOS_DEVICE_TYPE = None
+
+
+def _torch_device(device) -> torch.device:
+    index = _device_index(device)
+    return torch.device("flagos", current_device() if index < 0 else index)
+
+
+class Stream(torch.Stream):
+    """A flagos stream. ``priority`` < 0 asks for a high-priority stream."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:  # torch.Stream(stream_id=..., device_index=..., device_type=...)
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device=_torch_device(device), priority=priority)
+
+
+class Event(torch.Event):
+    """A flagos event; ``enable_timing=True`` makes ``elapsed_time`` available."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(
+            cls, device=torch.device("flagos", current_device()),
+            enable_timing=enable_timing, blocking=blocking, interprocess=interprocess,
+        )
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_torch_device(device))
+
+
+def default_stream(device=None) -> torch.Stream:
+    dev = _torch_device(device)
+    return torch.Stream(stream_id=0, device_index=dev.index, device_type=_device_type())
+
+
+def _device_type() -> int:
+    # torch.Stream's constructor takes the c10 DeviceType as an int.
+    global _FLAGOS_DEVICE_TYPE
+    if _FLAGOS_DEVICE_TYPE is None:
+        _FLAGOS_DEVICE_TYPE = torch.accelerator.current_stream(
+            torch.device("flagos", current_device())).device_type
+    return _FLAGOS_DEVICE_TYPE
+
+
+def set_stream(stream: torch.Stream) -> None:
+    if stream is None:
+        return
+    if stream.device.type != "flagos":
+        raise ValueError(f"expected a flagos stream, got one on {stream.device}")
+    torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """Makes ``stream`` current (and its device, like torch.cuda.stream) inside a with block."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._prev_stream = None
+        self._prev_device = -1
+
+    def __enter__(self):
+        if self.stream is None:
+            return self
+        if not isinstance(self.stream, torch.Stream) or self.stream.device.type != "flagos":
+            raise ValueError(f"torch.flagos.stream expects a flagos stream, got {self.stream!r}")
+        self._prev_device = current_device()
+        self._prev_stream = current_stream(self.stream.device)
+        set_stream(self.stream)
+        return self
+
+    def __exit__(self, *exc):
+        if self.stream is None:
+            return False
+        set_stream(self._prev_stream)
+        from .. import _C
+        _C._set_device(self._prev_device)
+        return False
+
+
+def stream(stream) -> StreamContext:
+    return StreamContext(stream)
