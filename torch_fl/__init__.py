@@ -28,6 +28,24 @@ torch.utils.generate_methods_for_privateuse1_backend(
 __version__ = "0.1.0"
 
 
+def _let_autograd_device_threads_start():
+    # PyTorch starts one autograd thread per flagos device at the first
+    # backward; each must take the GIL once to finish starting. If the
+    # interpreter finalizes first, Python ends that thread with a forced unwind
+    # through a noexcept frame and the process aborts ("terminate called
+    # without an active exception"). Releasing the GIL briefly at exit lets
+    # them finish. Only processes that used the device pay the few ms.
+    if _C._is_initialized():
+        import time
+
+        time.sleep(0.01)
+
+
+import atexit  # noqa: E402
+
+atexit.register(_let_autograd_device_threads_start)
+
+
 def is_flaggems_enabled() -> bool:
     """Whether FlagGems' Triton kernels serve any operator in this process.
 

@@ -139,5 +139,6 @@ PYBIND11_MODULE(_C, m) {
           THPGenerator_initDefaultGenerator(gen));
     });
   });
+  m.def("_is_initialized", [] { return runtime::is_initialized(); });
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
 }

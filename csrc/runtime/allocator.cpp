@@ -10,6 +10,7 @@
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -54,8 +55,9 @@ struct DevicePool {
 };
 
 DevicePool& pool(c10::DeviceIndex device) {
-  static std::array<DevicePool, kMaxDevices> pools;
-  return pools[device];
+  // Leaked: blocks are freed by tensors that die during interpreter shutdown.
+  static auto* pools = new std::array<DevicePool, kMaxDevices>();
+  return (*pools)[device];
 }
 
 size_t round_size(size_t n) {
@@ -149,7 +151,43 @@ void free_block(void* ctx) {
   p.pending.push_back(std::move(pend));
 }
 
+// Allocations labelled with another device type (the host driver's CPU views)
+// must also work through c10's raw_allocate/raw_deallocate, which require the
+// context to be the data pointer itself. Their blocks are found by address.
+struct RawIndex {
+  std::mutex mu;
+  ska::flat_hash_map<void*, Block*> blocks;
+};
+
+RawIndex& raw_index() {
+  static auto* index = new RawIndex();  // leaked: frees run until exit
+  return *index;
+}
+
+Block* take_raw(void* ptr) {
+  auto& index = raw_index();
+  std::lock_guard<std::mutex> lock(index.mu);
+  auto it = index.blocks.find(ptr);
+  if (it == index.blocks.end()) return nullptr;
+  Block* b = it->second;
+  index.blocks.erase(it);
+  return b;
+}
+
+void free_raw(void* ptr) {
+  Block* b = take_raw(ptr);
+  TORCH_INTERNAL_ASSERT(b != nullptr, "flagos: freeing an unknown pointer");
+  free_block(b);
+}
+
 }  // namespace
+
+bool free_if_owned(void* ptr) noexcept {
+  Block* b = take_raw(ptr);
+  if (b == nullptr) return false;
+  free_block(b);
+  return true;
+}
 
 c10::DataPtr FlagosAllocator::allocate(size_t nbytes) {
   return allocate_on(current_device(), nbytes, kFlagos);
@@ -211,6 +249,12 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     p.stats.active_bytes[i].increase(size);
     p.stats.requested_bytes[i].increase(nbytes);
   });
+  if (label != kFlagos) {
+    auto& index = raw_index();
+    std::lock_guard<std::mutex> raw_lock(index.mu);
+    index.blocks.emplace(b->ptr, b);
+    return c10::DataPtr(b->ptr, b->ptr, &free_raw, dev);
+  }
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
@@ -235,7 +279,8 @@ void FlagosAllocator::emptyCache(c10::MempoolId_t) {
 
 void FlagosAllocator::recordStream(const c10::DataPtr& ptr,
                                    c10::Stream stream) {
-  if (!owns(ptr) || stream.device_type() != kFlagos) return;
+  // Only flagos-labelled blocks are used on flagos streams.
+  if (ptr.get_deleter() != &free_block || stream.device_type() != kFlagos) return;
   auto* b = static_cast<Block*>(ptr.get_context());
   if (stream.id() == b->stream) return;
   auto& p = pool(b->device);
@@ -294,11 +339,7 @@ std::pair<size_t, size_t> FlagosAllocator::getMemoryInfo(
 }
 
 bool FlagosAllocator::owns(const c10::DataPtr& ptr) noexcept {
-  return ptr.get_deleter() == &free_block;
-}
-
-c10::DeviceIndex FlagosAllocator::device_of(const c10::DataPtr& ptr) noexcept {
-  return static_cast<Block*>(ptr.get_context())->device;
+  return ptr.get_deleter() == &free_block || ptr.get_deleter() == &free_raw;
 }
 
 void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {

@@ -9,8 +9,9 @@
 //  - when the driver has no room, the cache is released and the allocation
 //    retried; then c10::OutOfMemoryError (torch.OutOfMemoryError) is thrown
 //    with the requested, free and cached bytes in its message;
-//  - every DataPtr it returns frees through free_block(), whatever device
-//    label the DataPtr carries (owns() recognises them).
+//  - every DataPtr it returns frees back to it, whatever device label it
+//    carries (owns() recognises them); those labelled with another device
+//    type have context == data, as c10's raw_allocate requires.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -39,9 +40,11 @@ class FlagosAllocator final : public c10::DeviceAllocator {
 
   // True when `ptr` came from this allocator.
   static bool owns(const c10::DataPtr& ptr) noexcept;
-  // The device a DataPtr of this allocator lives on.
-  static c10::DeviceIndex device_of(const c10::DataPtr& ptr) noexcept;
 };
+
+// Frees a raw pointer of an allocation labelled with a non-flagos device type
+// (see allocate_on); false when the pointer is not one of ours.
+bool free_if_owned(void* ptr) noexcept;
 
 FlagosAllocator& device_allocator();
 

@@ -34,6 +34,8 @@ void lazy_init() {
   });
 }
 
+bool is_initialized() noexcept { return g_initialized.load(); }
+
 bool is_in_bad_fork() noexcept { return g_in_bad_fork.load(); }
 
 c10::DeviceIndex device_count() noexcept {

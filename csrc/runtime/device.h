@@ -28,6 +28,8 @@ c10::DeviceIndex resolve_device(c10::DeviceIndex index);
 // True in a child process forked after the device was initialised; such a
 // child must not touch the device (as with CUDA).
 bool is_in_bad_fork() noexcept;
+// True once the device has been used in this process.
+bool is_initialized() noexcept;
 // Initialises the driver and marks the process as having used the device.
 void lazy_init();
 

@@ -80,13 +80,14 @@ FlagosGeneratorImpl* FlagosGeneratorImpl::clone_impl() const {
 
 const at::Generator& default_generator(c10::DeviceIndex device) {
   device = resolve_device(device);
-  static std::array<at::Generator, kMaxDevices> generators;
-  static std::array<std::once_flag, kMaxDevices> once;
-  std::call_once(once[device], [device] {
-    generators[device] =
+  // Leaked, like the native devices' default generators.
+  static auto* generators = new std::array<at::Generator, kMaxDevices>();
+  static auto* once = new std::array<std::once_flag, kMaxDevices>();
+  std::call_once((*once)[device], [device] {
+    (*generators)[device] =
         at::make_generator<FlagosGeneratorImpl>(device, make_native(device));
   });
-  return generators[device];
+  return (*generators)[device];
 }
 
 at::Generator new_generator(c10::DeviceIndex device) {

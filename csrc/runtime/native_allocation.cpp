@@ -12,6 +12,12 @@ namespace {
 // -1: no scope; otherwise the flagos device to allocate on.
 thread_local c10::DeviceIndex tls_scope_device = -1;
 
+c10::DeleterFnPtr g_cpu_raw_deleter = nullptr;
+
+void raw_free(void* ptr) {
+  if (!free_if_owned(ptr)) g_cpu_raw_deleter(ptr);
+}
+
 class CapturingCpuAllocator final : public c10::Allocator {
  public:
   explicit CapturingCpuAllocator(c10::Allocator* cpu) : cpu_(cpu) {}
@@ -24,8 +30,8 @@ class CapturingCpuAllocator final : public c10::Allocator {
     return cpu_->allocate(n);
   }
 
-  // No raw deleter: DataPtrs of the two sources free differently.
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // raw_deallocate can receive either source's pointers: flagos knows its own.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
 
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
@@ -51,7 +57,9 @@ NativeAllocationScope::~NativeAllocationScope() {
 void install_native_allocation() {
   static std::once_flag once;
   std::call_once(once, [] {
-    g_wrapper = new CapturingCpuAllocator(c10::GetCPUAllocator());
+    c10::Allocator* cpu = c10::GetCPUAllocator();
+    g_cpu_raw_deleter = cpu->raw_deleter();
+    g_wrapper = new CapturingCpuAllocator(cpu);
     // Priority above the default CPU allocator's so a later default
     // registration cannot silently remove the wrapper.
     c10::SetCPUAllocator(g_wrapper, /*priority=*/1);

@@ -24,12 +24,9 @@ struct DeviceStreams {
 };
 
 DeviceStreams& streams_of(c10::DeviceIndex device) {
-  static std::array<std::unique_ptr<DeviceStreams>, kMaxDevices> table;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (auto& t : table) t = std::make_unique<DeviceStreams>();
-  });
-  return *table[device];
+  // Leaked: streams stay valid for threads still running at exit.
+  static auto* table = new std::array<DeviceStreams, kMaxDevices>();
+  return (*table)[device];
 }
 
 // Per-thread current stream id of each device (0: the default stream).

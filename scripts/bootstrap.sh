@@ -1,0 +1,24 @@
+# Sourced by the README commands: creates the pinned virtual environment
+# (.venv, or $FLAGOS_VENV), installs the build prerequisites, then builds and
+# installs torch_fl into it. Safe to run again: each step is skipped when done.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FLAGOS_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+
+if [ ! -x "$PY" ]; then
+  echo "[bootstrap] creating $VENV"
+  python3 -m venv "$VENV"
+fi
+"$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements-dev.txt"
+
+# GoogleTest for the C++ unit tests (Debian's package; root or sudo needed).
+if [ ! -f /usr/include/gtest/gtest.h ]; then
+  echo "[bootstrap] installing GoogleTest (libgtest-dev)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev cmake >/dev/null
+fi
+
+echo "[bootstrap] building and installing torch_fl"
+"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$ROOT"
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,91 @@
+"""Shared setup for the torch_fl Python tests.
+
+FLAGOS_HOST_DEVICES must be set before torch_fl (and so the driver) is
+imported: the host driver reads it once. Two devices make the multi-device
+tests meaningful; an explicit value in the environment wins.
+"""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("FLAGOS_HOST_DEVICES", "2")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_fl  # noqa: E402,F401  (registers the flagos device)
+
+_SUBPROCESS_TIMEOUT_S = 120
+
+
+def _child_env(env: dict | None) -> dict:
+    child_env = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = str(value)
+    return child_env
+
+
+class PyProcess:
+    """A Python snippet running in a fresh interpreter (see :func:`start_py`)."""
+
+    def __init__(self, args, env: dict | None, timeout: float):
+        self._timeout = timeout
+        self._proc = subprocess.Popen(
+            [sys.executable, *args],
+            env=_child_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._result = None
+
+    def result(self):
+        """Waits for the child; returns (returncode, stdout, stderr)."""
+        if self._result is None:
+            try:
+                out, err = self._proc.communicate(timeout=self._timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                out, err = self._proc.communicate()
+                raise AssertionError(
+                    f"subprocess timed out after {self._timeout}s\n{out}\n{err}"
+                ) from None
+            self._result = (self._proc.returncode, out, err)
+        return self._result
+
+
+def start_py(code: str, env: dict | None = None, timeout: float = _SUBPROCESS_TIMEOUT_S,
+             module: str | None = None) -> PyProcess:
+    """Starts ``code`` (or ``python -m module``) in a fresh interpreter, without waiting.
+
+    Importing torch costs seconds; starting several children at once and
+    collecting them later keeps subprocess-heavy tests fast.
+    """
+    args = ["-m", module] if module is not None else ["-c", code]
+    return PyProcess(args, env, timeout)
+
+
+def run_py(code: str, env: dict | None = None, timeout: float = _SUBPROCESS_TIMEOUT_S):
+    """Runs ``code`` in a fresh Python interpreter.
+
+    The child inherits this process's environment (PYTHONPATH and the
+    FLAGOS_HOST_DEVICES default included); ``env`` overrides entries, and a
+    value of None removes the variable. Returns (returncode, stdout, stderr).
+    """
+    return start_py(code, env, timeout).result()
+
+
+@pytest.fixture(name="run_py", scope="session")
+def run_py_fixture():
+    """The :func:`run_py` helper, as a fixture."""
+    return run_py
+
+
+@pytest.fixture(name="start_py", scope="session")
+def start_py_fixture():
+    """The :func:`start_py` helper, as a fixture."""
+    return start_py

@@ -1,0 +1,308 @@
+"""Device discovery and selection: torch.flagos.*, torch.accelerator.*, env config."""
+
+import re
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_fl
+
+
+@pytest.fixture(autouse=True)
+def restore_current_device():
+    before = torch.flagos.current_device()
+    yield
+    torch.flagos.set_device(before)
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def test_is_available_reports_true_on_host_driver():
+    assert torch.flagos.is_available() is True
+    assert torch_fl.driver() == "host"
+
+
+def test_device_count_follows_flagos_host_devices():
+    assert torch.flagos.device_count() == 2
+
+
+def test_default_current_device_is_zero():
+    assert torch.flagos.current_device() == 0
+
+
+def test_set_device_changes_current_device():
+    torch.flagos.set_device(1)
+    assert torch.flagos.current_device() == 1
+    torch.flagos.set_device("flagos:0")
+    assert torch.flagos.current_device() == 0
+    torch.flagos.set_device(torch.device("flagos", 1))
+    assert torch.flagos.current_device() == 1
+
+
+def test_new_tensors_go_to_the_current_device():
+    torch.flagos.set_device(1)
+    t = torch.randn(3, device="flagos")
+    assert t.device == torch.device("flagos", 1)
+    assert t.get_device() == 1
+
+
+def test_device_context_sets_and_restores():
+    assert torch.flagos.current_device() == 0
+    with torch.flagos.device(1):
+        assert torch.flagos.current_device() == 1
+        assert torch.randn(2, device="flagos").device.index == 1
+        with torch.flagos.device(0):
+            assert torch.flagos.current_device() == 0
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+
+
+def test_device_context_restores_after_exception():
+    with pytest.raises(KeyError):
+        with torch.flagos.device(1):
+            raise KeyError("boom")
+    assert torch.flagos.current_device() == 0
+
+
+def test_device_of_uses_the_tensor_device():
+    t = torch.randn(2, device="flagos:1")
+    with torch.flagos.device_of(t):
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+
+
+def test_tensor_on_explicit_index_stays_there_through_ops():
+    a = torch.randn(4, 5, device=torch.device("flagos:1"))
+    b = torch.randn(4, 5, device="flagos:1")
+    assert torch.flagos.current_device() == 0
+    c = a * b + 1
+    assert c.device == torch.device("flagos", 1)
+    torch.testing.assert_close(c.cpu(), a.cpu() * b.cpu() + 1, rtol=1e-6, atol=1e-6)
+    # reductions and matmul too
+    m = a @ b.t()
+    assert m.device == torch.device("flagos", 1)
+    torch.testing.assert_close(m.cpu(), a.cpu() @ b.cpu().t(), rtol=1e-5, atol=1e-5)
+    s = a.sum()
+    assert s.device == torch.device("flagos", 1)
+    # the current device was not changed by running on device 1
+    assert torch.flagos.current_device() == 0
+
+
+def test_ops_mixing_devices_raise_a_clear_error():
+    a = torch.randn(3, device="flagos:0")
+    b = torch.randn(3, device="flagos:1")
+    with pytest.raises(RuntimeError, match=r"flagos:0.*flagos:1|flagos:1.*flagos:0"):
+        a + b
+
+
+# ---------------------------------------------------------------- accelerator
+
+
+def test_current_accelerator_is_flagos():
+    acc = torch.accelerator.current_accelerator()
+    assert acc is not None and acc.type == "flagos"
+    assert torch.accelerator.is_available()
+
+
+def test_accelerator_device_count():
+    assert torch.accelerator.device_count() == 2
+
+
+def test_accelerator_set_and_get_device_index():
+    torch.accelerator.set_device_index(1)
+    assert torch.accelerator.current_device_index() == 1
+    assert torch.flagos.current_device() == 1
+    torch.accelerator.set_device_index(0)
+    assert torch.accelerator.current_device_index() == 0
+    assert torch.flagos.current_device() == 0
+
+
+def test_accelerator_device_index_context():
+    with torch.accelerator.device_index(1):
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+
+
+def test_accelerator_synchronize_runs():
+    x = torch.randn(64, 64, device="flagos")
+    y = x @ x
+    torch.accelerator.synchronize()
+    torch.accelerator.synchronize(1)
+    torch.flagos.synchronize()
+    torch.flagos.synchronize("flagos:1")
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- generated methods
+
+
+def test_generated_tensor_methods():
+    cpu = torch.randn(3, 4)
+    t = cpu.flagos()
+    assert t.is_flagos and not cpu.is_flagos
+    assert t.device == torch.device("flagos", 0)
+    torch.testing.assert_close(t.cpu(), cpu, rtol=0, atol=0)
+    t1 = cpu.flagos(1)
+    assert t1.device == torch.device("flagos", 1)
+    torch.testing.assert_close(t1.cpu(), cpu, rtol=0, atol=0)
+
+
+def test_generated_module_method_moves_parameters_and_buffers():
+    m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    ref = [p.detach().clone() for p in m.state_dict().values()]
+    out = m.flagos()
+    assert out is m
+    for value, expected in zip(m.state_dict().values(), ref):
+        assert value.is_flagos
+        torch.testing.assert_close(value.cpu(), expected, rtol=0, atol=0)
+
+
+def test_generated_storage_method():
+    s = torch.randn(5).untyped_storage()
+    fs = s.flagos()
+    assert fs.device.type == "flagos"
+    assert fs.nbytes() == s.nbytes()
+    assert bytes(fs.cpu()) == bytes(s)
+
+
+def test_registered_ops_include_core_kernels():
+    ops = torch_fl.get_registered_ops()
+    assert "aten::empty.memory_format" in ops
+    assert "aten::_copy_from" in ops
+    assert ops == sorted(ops)
+
+
+def test_python_m_torch_fl_prints_info(subprocesses):
+    rc, out, err = subprocesses["python -m torch_fl"].result()
+    assert rc == 0, err
+    assert "torch_fl" in out
+    assert "driver: host" in out
+    assert "devices: 2" in out
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _assert_names_index_and_range(message: str, index: int):
+    assert str(index) in message, message
+    assert "0..1" in message, message
+
+
+def test_set_device_out_of_range_raises_index_error():
+    with pytest.raises(IndexError) as info:
+        torch.flagos.set_device(5)
+    _assert_names_index_and_range(str(info.value), 5)
+    assert torch.flagos.current_device() == 0
+
+
+def test_device_context_out_of_range_raises_index_error():
+    with pytest.raises(IndexError) as info:
+        with torch.flagos.device(7):
+            pass
+    _assert_names_index_and_range(str(info.value), 7)
+    assert torch.flagos.current_device() == 0
+
+
+def test_tensor_on_out_of_range_device_raises():
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        torch.randn(2, device="flagos:9")
+    _assert_names_index_and_range(str(info.value), 9)
+
+
+def test_accelerator_set_device_index_out_of_range_raises():
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        torch.accelerator.set_device_index(3)
+    _assert_names_index_and_range(str(info.value), 3)
+    assert torch.flagos.current_device() == 0
+
+
+def test_set_device_to_other_device_type_raises_value_error():
+    with pytest.raises(ValueError, match="flagos"):
+        torch.flagos.set_device("cuda:0")
+    assert torch.flagos.current_device() == 0
+
+
+def test_set_device_negative_index_raises_index_error():
+    with pytest.raises(IndexError, match="-3"):
+        torch.flagos.set_device(-3)
+
+
+def test_set_device_with_garbage_raises_type_or_value_error():
+    with pytest.raises(ValueError):
+        torch.flagos.set_device("not a device")
+    with pytest.raises(TypeError):
+        torch.flagos.set_device(1.5)
+
+
+BAD_ENV = [
+    # (variable, value, fragments that name the valid choices)
+    ("FLAGOS_ACCELERATOR", "tpu", ["auto", "host"]),
+    ("FLAGOS_HOST_DEVICES", "abc", ["1", "64"]),
+    ("FLAGOS_HOST_DEVICES", "0", ["1", "64"]),
+    ("FLAGOS_HOST_DEVICES", "-1", ["1", "64"]),
+    ("FLAGOS_HOST_DEVICES", "", ["1", "64"]),
+    ("FLAGOS_HOST_MEMORY_LIMIT", "lots", ["MiB", "GiB"]),
+    ("FLAGOS_HOST_MEMORY_LIMIT", "-5", ["MiB", "GiB"]),
+]
+
+
+@pytest.fixture(scope="module")
+def subprocesses(start_py):
+    """Every subprocess this module needs, started at once (importing torch is slow)."""
+    procs = {
+        "python -m torch_fl": start_py("", module="torch_fl"),
+        "retry": start_py(RETRY_SNIPPET, env={"FLAGOS_HOST_DEVICES": "abc",
+                                              "FLAGOS_ACCELERATOR": "host"}),
+    }
+    for var, value, _ in BAD_ENV:
+        env = {var: value}
+        if var != "FLAGOS_ACCELERATOR":
+            env["FLAGOS_ACCELERATOR"] = "host"
+        procs[(var, value)] = start_py("import torch_fl\nprint('IMPORTED')", env=env)
+    yield procs
+    for p in procs.values():
+        p.result()
+
+
+@pytest.mark.parametrize(
+    "var,value,choices", BAD_ENV, ids=[f"{v}={x!r}" for v, x, _ in BAD_ENV]
+)
+def test_bad_env_value_makes_import_fail_with_clear_message(subprocesses, var, value, choices):
+    rc, out, err = subprocesses[(var, value)].result()
+    assert rc != 0, f"import succeeded with {var}={value!r}: {out}"
+    assert "IMPORTED" not in out
+    # the last line of the traceback is the exception itself
+    last = [line for line in err.strip().splitlines() if line.strip()][-1]
+    assert re.match(r"^(\w+\.)*\w*(Error|Exception)\b", last), err
+    assert var in last, err
+    assert f"'{value}'" in last or f"={value}" in last, err
+    for choice in choices:
+        assert choice in last, err
+
+
+RETRY_SNIPPET = r"""
+import os
+messages = []
+for _ in range(2):
+    try:
+        import torch_fl
+    except Exception as e:
+        messages.append(f"{type(e).__name__}: {e}")
+    else:
+        raise SystemExit("import succeeded with FLAGOS_HOST_DEVICES=abc")
+assert messages[0] == messages[1], messages
+assert "FLAGOS_HOST_DEVICES" in messages[0], messages
+os.environ["FLAGOS_HOST_DEVICES"] = "3"
+import torch, torch_fl
+assert torch.flagos.device_count() == 3, torch.flagos.device_count()
+x = torch.randn(4, device="flagos:2")
+torch.testing.assert_close((x * 2).cpu(), x.cpu() * 2)
+print("RECOVERED")
+"""
+
+
+def test_failed_driver_selection_is_retried_after_fixing_env(subprocesses):
+    rc, out, err = subprocesses["retry"].result()
+    assert rc == 0, err
+    assert "RECOVERED" in out

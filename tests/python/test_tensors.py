@@ -1,0 +1,581 @@
+"""Tensors on flagos: creation, copies, views, aliasing, out=, resize/set_, indexing, storage."""
+
+import warnings
+
+import pytest
+import torch
+
+DEV = torch.device("flagos", 0)
+DEV1 = torch.device("flagos", 1)
+
+
+def assert_same(actual, expected, rtol=0.0, atol=0.0):
+    """actual (any device) equals the CPU reference ``expected`` in dtype, shape and values."""
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=atol)
+
+
+def same_memory(a, b) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+# ---------------------------------------------------------------- creation
+
+
+def test_empty_has_requested_shape_dtype_device():
+    t = torch.empty(3, 5, dtype=torch.float64, device="flagos")
+    assert t.shape == (3, 5)
+    assert t.dtype == torch.float64
+    assert t.device == DEV
+    assert t.is_contiguous()
+    s = torch.empty_strided((2, 3), (1, 2), device="flagos")
+    assert s.stride() == (1, 2) and s.device == DEV
+
+
+def test_empty_zero_size():
+    t = torch.empty(0, 4, device="flagos")
+    assert t.shape == (0, 4) and t.numel() == 0
+    assert t.cpu().shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.zeros(4, 3, device=d),
+        lambda d: torch.ones(2, 7, dtype=torch.int64, device=d),
+        lambda d: torch.full((3, 3), 2.5, device=d),
+        lambda d: torch.full((5,), -7, dtype=torch.int32, device=d),
+        lambda d: torch.arange(0, 17, 3, device=d),
+        lambda d: torch.arange(0.5, 4.0, 0.25, dtype=torch.float64, device=d),
+        lambda d: torch.eye(4, 6, device=d),
+        lambda d: torch.linspace(-1.0, 3.0, 11, device=d),
+        lambda d: torch.tensor([[1.5, -2.0], [3.25, 4.0]], device=d),
+        lambda d: torch.tensor([True, False, True], device=d),
+        lambda d: torch.zeros_like(torch.empty(2, 2), device=d),
+    ],
+    ids=["zeros", "ones_int64", "full", "full_int32", "arange_int", "arange_f64",
+         "eye", "linspace", "tensor_list", "tensor_bool", "zeros_like"],
+)
+def test_deterministic_factories_match_cpu(make):
+    actual = make("flagos")
+    assert actual.device == DEV
+    assert_same(actual, make("cpu"), rtol=1e-6, atol=1e-6)
+
+
+def test_factories_honour_explicit_device_index():
+    for make in (torch.zeros, torch.ones, torch.randn, torch.rand, torch.empty):
+        t = make(3, device="flagos:1")
+        assert t.device == DEV1
+
+
+def test_randn_has_normal_statistics():
+    t = torch.randn(200_000, device="flagos")
+    assert t.device == DEV and t.dtype == torch.float32
+    c = t.cpu()
+    assert abs(c.mean().item()) < 0.02
+    assert abs(c.std().item() - 1.0) < 0.02
+
+
+def test_rand_is_in_unit_interval_and_uniform():
+    c = torch.rand(100_000, device="flagos").cpu()
+    assert c.min().item() >= 0.0 and c.max().item() < 1.0
+    assert abs(c.mean().item() - 0.5) < 0.01
+
+
+def test_randint_respects_bounds_and_covers_range():
+    t = torch.randint(-3, 5, (10_000,), device="flagos")
+    assert t.device == DEV and t.dtype == torch.int64
+    values = set(t.cpu().tolist())
+    assert values == set(range(-3, 5))
+
+
+# ---------------------------------------------------------------- copies
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16, torch.int32, torch.int64,
+                                   torch.uint8, torch.bool, torch.complex64])
+def test_cpu_flagos_cpu_round_trip_is_exact(dtype):
+    src = (torch.randn(7, 9) * 50).to(dtype)
+    f = src.to("flagos")
+    assert f.device == DEV and f.dtype == dtype
+    back = f.to("cpu")
+    assert back.device.type == "cpu"
+    assert torch.equal(back, src)
+
+
+def test_copy_does_not_alias_source():
+    src = torch.randn(10)
+    original = src.clone()
+    f = src.to("flagos")
+    src.add_(1)
+    assert torch.equal(f.cpu(), original)
+    g = f.clone()
+    f.mul_(0)
+    assert torch.equal(g.cpu(), original)
+    assert torch.count_nonzero(f.cpu()) == 0
+
+
+def test_flagos_to_flagos_copy_same_device():
+    src = torch.randn(6, 4, device="flagos")
+    dst = torch.empty(6, 4, device="flagos")
+    dst.copy_(src)
+    assert_same(dst, src.cpu())
+    assert not same_memory(dst, src)
+
+
+def test_flagos_copy_across_devices():
+    src_cpu = torch.randn(5, 3)
+    src = src_cpu.to("flagos:0")
+    moved = src.to("flagos:1")
+    assert moved.device == DEV1
+    assert_same(moved, src_cpu)
+    back = moved.to("flagos:0")
+    assert back.device == DEV
+    assert_same(back, src_cpu)
+    dst = torch.zeros(5, 3, device="flagos:1")
+    dst.copy_(src)
+    assert_same(dst, src_cpu)
+    assert dst.device == DEV1
+
+
+@pytest.mark.parametrize(
+    "src_dtype,dst_dtype",
+    [(torch.float32, torch.float64), (torch.float32, torch.float16),
+     (torch.float64, torch.int32), (torch.int64, torch.float32),
+     (torch.float32, torch.bfloat16), (torch.int32, torch.bool)],
+)
+def test_dtype_converting_copies(src_dtype, dst_dtype):
+    src_cpu = (torch.randn(4, 6) * 10).to(src_dtype)
+    expected = src_cpu.to(dst_dtype)
+    # cpu -> flagos with conversion
+    assert_same(src_cpu.to("flagos", dtype=dst_dtype), expected)
+    # flagos -> flagos with conversion
+    assert_same(src_cpu.to("flagos").to(dst_dtype), expected)
+    # flagos -> cpu with conversion
+    assert_same(src_cpu.to("flagos").to("cpu", dtype=dst_dtype), expected)
+    # copy_ into an existing tensor of another dtype
+    dst = torch.empty(4, 6, dtype=dst_dtype, device="flagos")
+    dst.copy_(src_cpu)
+    assert_same(dst, expected)
+
+
+def test_non_contiguous_source_copies():
+    base = torch.randn(6, 8)
+    f = base.to("flagos")
+    for make in (lambda t: t.t(), lambda t: t[:, ::2], lambda t: t[1:5, 2:7],
+                 lambda t: t[::3, 1::2].t()):
+        # cpu non-contiguous -> flagos
+        assert_same(make(base).to("flagos"), make(base))
+        # flagos non-contiguous -> cpu
+        view = make(f)
+        assert view.stride() == make(base).stride()
+        assert_same(view.cpu(), make(base))
+        # flagos non-contiguous -> flagos
+        assert_same(view.contiguous(), make(base))
+        assert view.contiguous().is_contiguous()
+
+
+def test_copy_into_non_contiguous_destination():
+    base_cpu = torch.randn(5, 4)
+    dst = base_cpu.to("flagos")
+    src = torch.randn(4, 5)
+    dst.t().copy_(src)
+    expected = base_cpu.clone()
+    expected.t().copy_(src)
+    assert_same(dst, expected)
+
+    dst2 = torch.randn(6, 6).to("flagos")
+    ref = dst2.cpu()
+    patch = torch.randn(3, 3)
+    dst2[::2, 1::2].copy_(patch.to("flagos"))
+    ref[::2, 1::2].copy_(patch)
+    assert_same(dst2, ref)
+
+
+def test_copy_broadcasts_source():
+    dst = torch.empty(3, 4, device="flagos")
+    row = torch.randn(4)
+    dst.copy_(row)
+    assert_same(dst, row.expand(3, 4).contiguous())
+    dst.copy_(row.to("flagos"))
+    assert_same(dst, row.expand(3, 4).contiguous())
+
+
+def test_non_blocking_copies_are_correct_after_synchronize():
+    src = torch.randn(1000, 33)
+    f = src.to("flagos", non_blocking=True)
+    g = f.to("flagos:1", non_blocking=True)
+    back = torch.empty_like(src)
+    back.copy_(g, non_blocking=True)
+    torch.flagos.synchronize()
+    torch.flagos.synchronize(1)
+    assert torch.equal(back, src)
+    host = f.to("cpu", non_blocking=True)
+    torch.flagos.synchronize()
+    assert torch.equal(host, src)
+
+
+# ---------------------------------------------------------------- views
+
+
+VIEW_OPS = {
+    "view": lambda t: t.view(4, 30),
+    "view_flat": lambda t: t.view(-1),
+    "reshape": lambda t: t.reshape(6, 20),
+    "transpose": lambda t: t.transpose(0, 2),
+    "narrow": lambda t: t.narrow(1, 1, 3),
+    "select": lambda t: t.select(2, 3),
+    "expand": lambda t: t[:, :1, :].expand(2, 6, 10),
+    "unsqueeze": lambda t: t.unsqueeze(1),
+    "as_strided": lambda t: t.as_strided((3, 4), (7, 2), 5),
+    "unfold": lambda t: t.unfold(2, 2, 1),
+    "diagonal": lambda t: t.diagonal(0, 1, 2),
+    "permute": lambda t: t.permute(2, 0, 1),
+    "squeeze": lambda t: t[:, :1].squeeze(1),
+    "t_of_select": lambda t: t[0].t(),
+    "split": lambda t: t.split(2, dim=1)[1],
+    "chunk": lambda t: t.chunk(3, dim=2)[2],
+    "slice_step": lambda t: t[..., ::2],
+}
+
+
+@pytest.mark.parametrize("name", list(VIEW_OPS))
+def test_view_ops_match_cpu_and_alias_base(name):
+    op = VIEW_OPS[name]
+    base_cpu = torch.randn(2, 6, 10)
+    base = base_cpu.to("flagos")
+    expected = op(base_cpu)
+    v = op(base)
+    assert v.device == DEV
+    assert v.shape == expected.shape
+    assert v.stride() == expected.stride()
+    assert v.storage_offset() == expected.storage_offset()
+    assert_same(v, expected)
+    assert v._base is base or v._is_view()
+    assert same_memory(v, base)
+
+
+def test_split_and_chunk_return_all_pieces():
+    base_cpu = torch.randn(7, 4)
+    base = base_cpu.to("flagos")
+    for pieces, ref in ((base.split(3), base_cpu.split(3)),
+                        (base.chunk(3, dim=1), base_cpu.chunk(3, dim=1)),
+                        (base.split([1, 2, 4]), base_cpu.split([1, 2, 4])),
+                        (base.unbind(1), base_cpu.unbind(1))):
+        assert len(pieces) == len(ref)
+        for p, r in zip(pieces, ref):
+            assert_same(p, r)
+            assert same_memory(p, base)
+
+
+def test_write_through_view_is_visible_in_base():
+    base_cpu = torch.randn(4, 6)
+    base = base_cpu.to("flagos")
+    base.t()[2].fill_(7.0)
+    base[1:3, ::2].mul_(-1)
+    base.view(-1)[5] = 3.5
+    base.diagonal().add_(100)
+    ref = base_cpu.clone()
+    ref.t()[2].fill_(7.0)
+    ref[1:3, ::2].mul_(-1)
+    ref.view(-1)[5] = 3.5
+    ref.diagonal().add_(100)
+    assert_same(base, ref)
+
+
+def test_write_to_base_is_visible_in_view():
+    base = torch.randn(3, 8, device="flagos")
+    v = base[:, 2:5].t()
+    before = v.cpu().clone()
+    base.add_(1.0)
+    torch.testing.assert_close(v.cpu(), before + 1.0, rtol=0, atol=1e-6)
+    base.zero_()
+    assert torch.count_nonzero(v.cpu()) == 0
+
+
+def test_in_place_ops_return_self_and_write_in_place():
+    a_cpu = torch.randn(5, 5)
+    a = a_cpu.to("flagos")
+    ptr = a.data_ptr()
+    r = a.mul_(2).add_(1).clamp_(-1, 1)
+    assert r is a
+    assert a.data_ptr() == ptr
+    assert_same(a, a_cpu.mul(2).add(1).clamp(-1, 1), rtol=1e-6, atol=1e-6)
+
+
+def test_version_counter_increments_on_in_place_ops():
+    x = torch.randn(4, device="flagos")
+    v0 = x._version
+    x.add_(1)
+    assert x._version == v0 + 1
+    x[0] = 5.0
+    assert x._version == v0 + 2
+    view = x[1:]
+    view.mul_(2)
+    assert x._version == view._version == v0 + 3
+    torch.add(x, 1, out=x)
+    assert x._version == v0 + 4
+    y = x + 1  # out-of-place: no bump
+    assert x._version == v0 + 4
+    assert y._version == 0
+
+
+# ---------------------------------------------------------------- out=
+
+
+def test_out_argument_right_shape_is_written_in_place():
+    a_cpu, b_cpu = torch.randn(4, 5), torch.randn(4, 5)
+    a, b = a_cpu.to("flagos"), b_cpu.to("flagos")
+    out = torch.empty(4, 5, device="flagos")
+    ptr = out.data_ptr()
+    r = torch.add(a, b, out=out)
+    assert r is out
+    assert out.data_ptr() == ptr
+    assert_same(out, a_cpu + b_cpu, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (3,), (2, 2), (7, 9)],
+                         ids=["empty", "too_small", "too_small_2d", "too_big"])
+def test_out_argument_wrong_shape_is_resized(out_shape):
+    a_cpu, b_cpu = torch.randn(4, 5), torch.randn(4, 5)
+    a, b = a_cpu.to("flagos"), b_cpu.to("flagos")
+    out = torch.randn(out_shape).to("flagos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "An output ... was resized"
+        r = torch.add(a, b, out=out)
+    assert r is out
+    assert out.shape == (4, 5)
+    assert out.device == DEV
+    assert_same(out, a_cpu + b_cpu, rtol=1e-6, atol=1e-6)
+    # the resized out is an ordinary flagos tensor afterwards
+    assert_same(out * 2, (a_cpu + b_cpu) * 2, rtol=1e-6, atol=1e-6)
+
+
+def test_out_argument_resize_keeps_other_views_consistent():
+    a = torch.randn(64, device="flagos")
+    out = torch.empty(0, device="flagos")
+    torch.mul(a, 3.0, out=out)
+    assert out.untyped_storage().nbytes() >= 64 * 4
+    assert out.untyped_storage().device.type == "flagos"
+    alias = out.view(8, 8)
+    alias[0, 0] = -1.0
+    assert out[0].item() == -1.0
+
+
+def test_out_argument_matmul_and_reductions():
+    a_cpu, b_cpu = torch.randn(6, 3), torch.randn(3, 4)
+    out = torch.empty(1, device="flagos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.matmul(a_cpu.to("flagos"), b_cpu.to("flagos"), out=out)
+    assert_same(out, a_cpu @ b_cpu, rtol=1e-5, atol=1e-5)
+    s = torch.empty(6, device="flagos")
+    torch.sum(a_cpu.to("flagos"), dim=1, out=s)
+    assert_same(s, a_cpu.sum(1), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- resize_ / set_
+
+
+def test_resize_growing_keeps_prior_data():
+    src = torch.randn(6)
+    x = src.to("flagos")
+    x.resize_(4, 5)
+    assert x.shape == (4, 5)
+    assert x.untyped_storage().nbytes() >= 20 * 4
+    torch.testing.assert_close(x.view(-1)[:6].cpu(), src, rtol=0, atol=0)
+    x.fill_(1.5)
+    assert torch.all(x.cpu() == 1.5)
+
+
+def test_resize_shrinking_keeps_prefix():
+    src = torch.randn(3, 4)
+    x = src.to("flagos")
+    x.resize_(5)
+    torch.testing.assert_close(x.cpu(), src.view(-1)[:5], rtol=0, atol=0)
+
+
+def test_resize_on_device_1_stays_on_device_1():
+    src = torch.randn(3)
+    x = src.to("flagos:1")
+    x.resize_(100)
+    assert x.device == DEV1
+    torch.testing.assert_close(x[:3].cpu(), src, rtol=0, atol=0)
+
+
+def test_set_to_another_tensors_storage_aliases_it():
+    src_cpu = torch.randn(12)
+    src = src_cpu.to("flagos")
+    y = torch.empty(0, device="flagos")
+    y.set_(src.untyped_storage(), 2, (2, 3), (3, 1))
+    assert y.shape == (2, 3)
+    assert y.storage_offset() == 2
+    assert same_memory(y, src)
+    assert_same(y, src_cpu[2:8].view(2, 3))
+    y.fill_(0.25)
+    torch.testing.assert_close(src[2:8].cpu(), torch.full((6,), 0.25), rtol=0, atol=0)
+
+
+def test_set_to_another_tensor():
+    src_cpu = torch.randn(3, 4)
+    src = src_cpu.to("flagos")
+    y = torch.randn(2, device="flagos")
+    y.set_(src.t())
+    assert y.shape == (4, 3)
+    assert y.stride() == (1, 4)
+    assert same_memory(y, src)
+    assert_same(y, src_cpu.t())
+    src.mul_(2)
+    assert_same(y, src_cpu.t() * 2)
+
+
+def test_set_whole_storage_and_empty():
+    src = torch.randn(10, device="flagos")
+    y = torch.empty(0, device="flagos")
+    y.set_(src.untyped_storage())
+    assert y.shape == (10,)
+    assert torch.equal(y.cpu(), src.cpu())
+    y.set_()
+    assert y.numel() == 0
+    assert y.device == DEV
+
+
+def test_set_rejects_cpu_storage():
+    y = torch.empty(0, device="flagos")
+    with pytest.raises(RuntimeError):
+        y.set_(torch.randn(4).untyped_storage())
+
+
+# ---------------------------------------------------------------- scalars
+
+
+def test_item_and_tolist():
+    src = torch.randn(3, 2)
+    f = src.to("flagos")
+    assert f[1, 1].item() == src[1, 1].item()
+    assert f.tolist() == src.tolist()
+    i = torch.tensor(-42, device="flagos")
+    assert i.item() == -42 and isinstance(i.item(), int)
+    b = torch.tensor([True], device="flagos")
+    assert b.item() is True
+    d = torch.tensor(0.1, dtype=torch.float64, device="flagos")
+    assert d.item() == 0.1
+    assert float(f.sum()) == pytest.approx(src.sum().item(), rel=1e-5, abs=1e-5)
+    assert bool((f > 100).any()) is False
+
+
+def test_item_of_non_contiguous_element_on_device_1():
+    src = torch.randn(4, 5)
+    f = src.to("flagos:1")
+    assert f.t()[3, 2].item() == src.t()[3, 2].item()
+    assert f[2:, 3][1].item() == src[3, 3].item()
+
+
+# ---------------------------------------------------------------- indexing
+
+
+def test_getitem_with_mask_and_index_tensors():
+    src = torch.randn(6, 5)
+    f = src.to("flagos")
+    mask = src > 0
+    assert_same(f[mask.to("flagos")], src[mask])
+    idx = torch.tensor([4, 0, 2, 2])
+    assert_same(f[idx.to("flagos")], src[idx])
+    assert_same(f[:, idx.to("flagos")], src[:, idx])
+    assert_same(f[idx.to("flagos"), 1:3], src[idx, 1:3])
+    rows, cols = torch.tensor([0, 5, 3]), torch.tensor([4, 1, 1])
+    assert_same(f[rows.to("flagos"), cols.to("flagos")], src[rows, cols])
+    assert_same(f[[1, 3]], src[[1, 3]])
+
+
+def test_setitem_with_mask_and_index_tensors():
+    src = torch.randn(6, 5)
+    f = src.to("flagos")
+    ref = src.clone()
+    mask = src < 0
+    f[mask.to("flagos")] = 0.0
+    ref[mask] = 0.0
+    idx = torch.tensor([1, 4])
+    vals = torch.randn(2, 5)
+    f[idx.to("flagos")] = vals.to("flagos")
+    ref[idx] = vals
+    f[:, 2] = torch.arange(6.0).to("flagos")
+    ref[:, 2] = torch.arange(6.0)
+    assert_same(f, ref)
+
+
+def test_index_put_accumulate_and_index_add():
+    dst = torch.randn(5)
+    idx = torch.tensor([0, 2, 2, 4, 0])
+    vals = torch.randn(5)
+    f = dst.to("flagos")
+    f.index_put_((idx.to("flagos"),), vals.to("flagos"), accumulate=True)
+    ref = dst.clone().index_put_((idx,), vals, accumulate=True)
+    assert_same(f, ref, rtol=1e-6, atol=1e-6)
+    g = dst.to("flagos").index_add_(0, idx.to("flagos"), vals.to("flagos"))
+    assert_same(g, dst.clone().index_add_(0, idx, vals), rtol=1e-6, atol=1e-6)
+
+
+def test_gather_scatter_where_nonzero():
+    src = torch.randn(4, 6)
+    f = src.to("flagos")
+    idx = torch.randint(0, 6, (4, 3))
+    assert_same(f.gather(1, idx.to("flagos")), src.gather(1, idx))
+    z = torch.zeros(4, 6).to("flagos").scatter_(1, idx.to("flagos"), 1.0)
+    assert_same(z, torch.zeros(4, 6).scatter_(1, idx, 1.0))
+    assert_same(torch.where(f > 0, f, -f), src.abs())
+    assert_same(f.nonzero(), src.nonzero())
+    assert_same(torch.masked_select(f, f > 0.5), torch.masked_select(src, src > 0.5))
+
+
+# ---------------------------------------------------------------- storage
+
+
+def test_untyped_storage_of_flagos_tensor():
+    x = torch.randn(3, 4, device="flagos:1")
+    s = x.untyped_storage()
+    assert s.device == DEV1
+    assert s.nbytes() == 12 * 4
+    assert s.data_ptr() == x.data_ptr()
+    assert x[1:].untyped_storage().data_ptr() == s.data_ptr()
+    cpu_bytes = s.cpu()
+    assert cpu_bytes.device.type == "cpu"
+    assert bytes(cpu_bytes) == bytes(x.cpu().untyped_storage())
+
+
+def test_untyped_storage_resize_keeps_data():
+    src = torch.randn(8)
+    x = src.to("flagos")
+    s = x.untyped_storage()
+    s.resize_(64 * 4)
+    assert s.nbytes() == 64 * 4
+    assert x.untyped_storage().nbytes() == 64 * 4
+    assert torch.equal(x.cpu(), src)
+    big = torch.empty(0, device="flagos").set_(s, 0, (64,), (1,))
+    assert torch.equal(big[:8].cpu(), src)
+    s.resize_(4 * 4)
+    assert x.untyped_storage().nbytes() == 16
+    assert torch.equal(torch.empty(0, device="flagos").set_(s, 0, (4,), (1,)).cpu(), src[:4])
+
+
+def test_typed_storage_resize_keeps_data():
+    src = torch.randn(5)
+    x = src.to("flagos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        st = x.storage()
+        assert st.device.type == "flagos"
+        assert st.size() == 5
+        st.resize_(9)
+        assert st.size() == 9
+    assert x.untyped_storage().nbytes() == 9 * 4
+    assert torch.equal(x.cpu(), src)
+
+
+def test_storage_new_and_fill():
+    s = torch.UntypedStorage(32, device="flagos")
+    assert s.device == DEV and s.nbytes() == 32
+    s.fill_(7)
+    assert list(s.cpu()) == [7] * 32
