@@ -9,21 +9,30 @@ entry point) registers the PrivateUse1 backend under the name ``flagos``:
 import torch
 
 # Loading the extension registers the allocator, device guard, hooks and
-# kernels (all at library load); _init selects and validates the driver, so a
-# bad FLAGOS_* setting fails here, with a message naming it.
+# kernels (at library load).
 from . import _C
 
-_C._init()
-
+# Registration steps are idempotent: after a configuration error the package
+# can be imported again (torch_fl_autoload relies on it).
 if torch._C._get_privateuse1_backend_name() != "flagos":
     torch.utils.rename_privateuse1_backend("flagos")
 
 from . import flagos  # noqa: E402
+from . import routing  # noqa: E402
 
-torch._register_device_module("flagos", flagos)
-torch.utils.generate_methods_for_privateuse1_backend(
-    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
-)
+if getattr(torch, "flagos", None) is not flagos:
+    if hasattr(torch, "flagos"):
+        delattr(torch, "flagos")  # left by an import that failed validation
+    torch._register_device_module("flagos", flagos)
+if not hasattr(torch.Tensor, "is_flagos"):
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+# Validation: the driver (FLAGOS_ACCELERATOR, FLAGOS_HOST_*), then routing
+# (config file, FLAGOS_OP_*, policies). A mistake raises here, naming it.
+_C._init()
+routing.reload()
 
 __version__ = "0.1.0"
 
@@ -69,8 +78,4 @@ def driver() -> str:
     return _C._driver_name()
 
 
-def _autoload():
-    """Entry point for ``torch.backends``: importing the package is enough."""
-
-
-__all__ = ["flagos", "is_flaggems_enabled", "get_registered_ops", "driver"]
+__all__ = ["flagos", "routing", "is_flaggems_enabled", "get_registered_ops", "driver"]

@@ -7,16 +7,53 @@
 
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
+#include "routing/table.h"
 #include "runtime/device.h"
 
 namespace torch_fl::aten {
 namespace {
 
-// Hot path: a cached plan lookup and the provider call; nothing else.
+using routing::Backend;
+
+[[noreturn]] void fallback_forbidden(const OpPlan& plan) {
+  TORCH_CHECK(false, "flagos: ", plan.name,
+              " has no backend on this driver among its route and "
+              "FLAGOS_CPU_FALLBACK=error forbids running it on the CPU. "
+              "Route it to a backend that serves it (torch_fl.routing.table() "
+              "shows the routes) or allow the fallback.");
+}
+
+// Hot path: a cached plan lookup, two relaxed atomic loads to check the
+// route, a counter, and the provider call. No strings, locks or allocation
+// unless the route must be (re)resolved or logged.
 void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
-  const OpPlan& plan = plan_for(op);
-  run_native(op, plan, stack);
+  OpPlan& plan = plan_for(op);
+  if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
+    routing::resolve(op, plan);
+  }
+  const Backend backend = plan.backend.load(std::memory_order_relaxed);
+  if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
+    if (routing::fallback_policy() == routing::FallbackPolicy::kError) {
+      fallback_forbidden(plan);
+    }
+    plan.fallback_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  plan.calls[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+  if (routing::log_enabled()) {
+    const uint8_t bit = uint8_t(1) << static_cast<int>(backend);
+    if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, backend);
+  }
+  switch (backend) {
+    case Backend::kCpu:     // on the host driver, the CPU is the native device
+    case Backend::kNative:
+    case Backend::kCuda:
+      run_native(op, plan, stack);
+      return;
+    default:
+      TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),
+                  "' chosen for ", plan.name, " has no provider in this build");
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "aten/op_plan.h"
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -38,6 +39,9 @@ std::unique_ptr<OpPlan> build_plan(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   auto plan = std::make_unique<OpPlan>();
   plan->schema = &schema;
+  const auto& opname = schema.operator_name();
+  plan->name = opname.name;
+  if (!opname.overload_name.empty()) plan->name += "." + opname.overload_name;
   plan->num_arguments = static_cast<uint16_t>(schema.arguments().size());
   plan->num_returns = static_cast<uint16_t>(schema.returns().size());
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
@@ -50,26 +54,40 @@ std::unique_ptr<OpPlan> build_plan(const c10::OperatorHandle& op) {
   return plan;
 }
 
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const void*, std::unique_ptr<OpPlan>> plans;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: plans outlive every caller
+  return *r;
+}
+
 }  // namespace
 
-const OpPlan& plan_for(const c10::OperatorHandle& op) {
+OpPlan& plan_for(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
-  thread_local ska::flat_hash_map<const void*, const OpPlan*> cache;
+  thread_local ska::flat_hash_map<const void*, OpPlan*> cache;
   auto hit = cache.find(key);
   if (hit != cache.end()) return *hit->second;
 
-  static std::mutex mu;
-  static auto* plans =
-      new std::unordered_map<const void*, std::unique_ptr<OpPlan>>();
-  const OpPlan* plan;
+  auto& r = registry();
+  OpPlan* plan;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto& slot = (*plans)[key];
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto& slot = r.plans[key];
     if (!slot) slot = build_plan(op);
     plan = slot.get();
   }
   cache.emplace(key, plan);
   return *plan;
+}
+
+void for_each_plan(const std::function<void(OpPlan&)>& f) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [key, plan] : r.plans) f(*plan);
 }
 
 }  // namespace torch_fl::aten

@@ -4,8 +4,14 @@
 // its schema and then found by the operator's identity (the address of its
 // schema, stable for the process): no string is built or compared per call.
 
+#include <array>
+#include <atomic>
+#include <string>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
+
+#include "routing/config.h"
 
 namespace torch_fl::aten {
 
@@ -25,14 +31,30 @@ struct ArgSlot {
 
 struct OpPlan {
   const c10::FunctionSchema* schema;
+  std::string name;  // "aten::add.Tensor"
   uint16_t num_arguments;
   uint16_t num_returns;
   // Only the arguments the boxed path has to translate, in order.
   c10::SmallVector<ArgSlot, 6> slots;
+
+  // ---- routing (routing/table.h) ----------------------------------------
+  // The routing epoch `backend` was resolved in; 0: not yet. A routing change
+  // bumps the global epoch, so every plan re-resolves on its next call.
+  std::atomic<uint32_t> route_epoch{0};
+  std::atomic<routing::Backend> backend{routing::Backend::kNative};
+  // True when no backend of the route can serve the op and it runs on the
+  // CPU instead (FLAGOS_CPU_FALLBACK decides whether that is allowed).
+  std::atomic<bool> cpu_fallback{false};
+  std::array<std::atomic<uint64_t>, routing::kNumBackends> calls{};
+  std::atomic<uint64_t> fallback_calls{0};
+  std::atomic<uint8_t> logged{0};  // bit per backend: dispatch log written
 };
 
 // The plan of `op`, built on first use. Thread-safe; lock-free after the first
 // call from a thread.
-const OpPlan& plan_for(const c10::OperatorHandle& op);
+OpPlan& plan_for(const c10::OperatorHandle& op);
+
+// Calls `f` on every plan built so far (for statistics and tables).
+void for_each_plan(const std::function<void(OpPlan&)>& f);
 
 }  // namespace torch_fl::aten

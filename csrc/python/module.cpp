@@ -3,12 +3,15 @@
 // guard directly.
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 
 #include "hal/driver.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "routing/config.h"
+#include "routing/table.h"
 #include "runtime/generator.h"
 
 namespace py = pybind11;
@@ -139,6 +142,56 @@ PYBIND11_MODULE(_C, m) {
           THPGenerator_initDefaultGenerator(gen));
     });
   });
+  // ---- routing ----------------------------------------------------------
+  m.def("_load_routing", [](const std::string& default_path) {
+    return guarded([&] { return routing::load(default_path); });
+  });
+  m.def("_check_config", [](const std::string& path) {
+    return guarded([&] { return routing::check_file(path); });
+  });
+  m.def("_parse_config", [](const py::bytes& text, const std::string& source) {
+    // Grammar only (no operator or driver checks): for tests and fuzzing.
+    auto parsed = routing::parse_config(std::string(text), source);
+    py::list entries, errors;
+    for (const auto& e : parsed.entries) {
+      py::list chain;
+      for (auto b : e.chain) chain.append(std::string(routing::backend_name(b)));
+      entries.append(py::make_tuple(e.op, chain, e.line));
+    }
+    for (const auto& e : parsed.errors) {
+      errors.append(py::make_tuple(e.line, e.token, e.to_string()));
+    }
+    return py::make_tuple(entries, errors);
+  });
+  m.def("_set_route", [](const std::string& op, const std::string& chain) {
+    guarded([&] {
+      routing::set_route(op, chain);
+      return 0;
+    });
+  });
+  m.def("_routing_table", [] {
+    py::list rows;
+    for (const auto& r : guarded([] { return routing::table(); })) {
+      rows.append(py::make_tuple(r.op, r.backend, r.source, r.resolved, r.cpu_fallback));
+    }
+    return rows;
+  });
+  m.def("_routing_stats", [] {
+    py::list rows;
+    for (const auto& st : guarded([] { return routing::stats(); })) {
+      py::dict calls;
+      for (const auto& [b, n] : st.calls) calls[py::str(b)] = n;
+      rows.append(py::make_tuple(st.op, calls, st.cpu_fallbacks));
+    }
+    return rows;
+  });
+  m.def("_reset_routing_stats", [] { routing::reset_stats(); });
+  m.def("_available_backends", [] {
+    std::vector<std::string> out;
+    for (auto b : routing::available_backends()) out.emplace_back(routing::backend_name(b));
+    return out;
+  });
+  m.def("_config_path", [] { return routing::config_path(); });
   m.def("_is_initialized", [] { return runtime::is_initialized(); });
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
 }

@@ -1,0 +1,489 @@
+#include "routing/table.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <c10/util/Exception.h>
+
+#include "hal/env.h"
+#include "runtime/device.h"
+
+extern char** environ;
+
+namespace torch_fl::routing {
+namespace {
+
+constexpr const char* kEnvPrefix = "FLAGOS_OP_";
+
+struct Route {
+  std::vector<Backend> chain;
+  std::string source;  // "env FLAGOS_OP_mm", "file path:3", "api"
+};
+
+// Everything load() decides; replaced whole under `mu`.
+struct State {
+  std::mutex mu;
+  std::unordered_map<std::string, Route> api, env, file;  // op name -> route
+  std::string config_path;
+  std::FILE* log = nullptr;
+};
+
+State& state() {
+  static auto* s = new State();  // leaked: read by kernels until exit
+  return *s;
+}
+
+std::atomic<uint32_t> g_epoch{1};
+std::atomic<bool> g_log{false};
+std::atomic<FallbackPolicy> g_policy{FallbackPolicy::kWarn};
+
+// ---- names known to the dispatcher ---------------------------------------
+struct OpNames {
+  std::unordered_set<std::string> full;  // "add.Tensor", "mm", "ns::op.x"
+  std::unordered_set<std::string> base;  // "add", "ns::op"
+  std::vector<std::string> all;          // for "did you mean"
+};
+
+std::string short_name(const c10::OperatorName& n) {
+  std::string name = n.name;
+  if (name.rfind("aten::", 0) == 0) name = name.substr(6);
+  return name;
+}
+
+OpNames collect_op_names() {
+  OpNames out;
+  for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) {
+    std::string base = short_name(n);
+    std::string full = n.overload_name.empty() ? base : base + "." + n.overload_name;
+    out.full.insert(full);
+    if (out.base.insert(base).second) out.all.push_back(base);
+    if (full != base) out.all.push_back(full);
+  }
+  return out;
+}
+
+bool is_aten(const std::string& op) { return op.find("::") == std::string::npos; }
+
+bool op_exists(const OpNames& names, const std::string& op) {
+  // Other namespaces may register after torch_fl loads: they are checked
+  // when their operators are first called, not here.
+  if (!is_aten(op)) return true;
+  return names.full.count(op) > 0 || names.base.count(op) > 0;
+}
+
+std::string unknown_op_message(const OpNames& names, const std::string& op) {
+  std::string msg = "unknown operator '" + printable(op) +
+                    "': no aten operator or overload has this name";
+  std::string guess = closest_match(op, names.all);
+  if (!guess.empty()) msg += ". Did you mean '" + guess + "'?";
+  return msg;
+}
+
+// FLAGOS_OP_add__Tensor -> "add.Tensor". '__' is ambiguous with names that
+// contain it (__and__), so every split is tried against the real names.
+std::optional<std::string> decode_env_op(const OpNames& names,
+                                         const std::string& encoded) {
+  if (names.full.count(encoded) || names.base.count(encoded)) return encoded;
+  for (size_t pos = encoded.find("__"); pos != std::string::npos;
+       pos = encoded.find("__", pos + 1)) {
+    std::string candidate =
+        encoded.substr(0, pos) + "." + encoded.substr(pos + 2);
+    if (names.full.count(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+// ---- availability -----------------------------------------------------------
+bool is_host() { return runtime::driver().nativeDevice() == hal::NativeDevice::kHost; }
+
+bool available(Backend b) {
+  switch (b) {
+    case Backend::kCpu:
+    case Backend::kNative:
+      return true;
+    case Backend::kCuda:
+      return !is_host();
+    case Backend::kFlagGems:  // registered by the flaggems provider (cuda only)
+    case Backend::kMetax:
+    case Backend::kAscend:
+      return false;
+  }
+  return false;
+}
+
+std::string unavailable_reason(Backend b) {
+  switch (b) {
+    case Backend::kMetax:
+    case Backend::kAscend:
+      return "the " + std::string(backend_name(b)) +
+             " driver is not built into this installation";
+    case Backend::kFlagGems:
+      return "the flaggems provider is not registered (it needs the cuda "
+             "driver and an importable flag_gems)";
+    default:
+      return "the '" + std::string(runtime::driver().name()) +
+             "' driver does not provide it";
+  }
+}
+
+std::string available_list() {
+  std::string s;
+  for (Backend b : available_backends()) {
+    if (!s.empty()) s += ", ";
+    s += backend_name(b);
+  }
+  return s;
+}
+
+// Whether `b` has a kernel for `op` (the driver's native dispatch key).
+bool serves(Backend b, const c10::OperatorHandle& op) {
+  if (!available(b)) return false;
+  switch (b) {
+    case Backend::kCpu:
+      return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    case Backend::kNative:
+    case Backend::kCuda:
+      return op.hasKernelForDispatchKey(is_host() ? c10::DispatchKey::CPU
+                                                  : c10::DispatchKey::CUDA);
+    default:
+      return false;
+  }
+}
+
+// Problems of one chain on this driver, or "" when some backend is usable.
+std::string chain_problem(const std::vector<Backend>& chain) {
+  for (Backend b : chain) {
+    if (available(b)) return "";
+  }
+  std::string msg = "no backend in the chain is available here: ";
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (i) msg += "; ";
+    msg += std::string(backend_name(chain[i])) + ": " + unavailable_reason(chain[i]);
+  }
+  return msg + ". Available on this driver: " + available_list();
+}
+
+std::string chain_text(const std::vector<Backend>& chain) {
+  std::string s;
+  for (Backend b : chain) {
+    if (!s.empty()) s += ", ";
+    s += backend_name(b);
+  }
+  return s;
+}
+
+bool parse_flag(const char* name, bool dflt, std::vector<std::string>* problems) {
+  auto v = hal::env_value(name);
+  if (!v) return dflt;
+  if (*v == "1") return true;
+  if (*v == "0") return false;
+  problems->push_back(std::string(name) + "='" + printable(*v) +
+                      "' is not valid: use 1 or 0");
+  return dflt;
+}
+
+std::optional<std::string> read_file(const std::string& path, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = "cannot read config file '" + path + "': " +
+             (std::ifstream(path).good() ? "read error" : "no such file or not readable");
+    return std::nullopt;
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Checks a parsed file; valid entries go to *routes. Problems come out in
+// line order, grammar and semantic ones interleaved.
+void check_entries(const ParsedConfig& parsed, const OpNames& names,
+                   std::unordered_map<std::string, Route>* routes,
+                   std::vector<std::string>* problems) {
+  std::vector<std::pair<int, std::string>> found;
+  for (const auto& e : parsed.errors) found.emplace_back(e.line, e.to_string());
+  for (const auto& e : parsed.entries) {
+    std::string where = e.source + ":" + std::to_string(e.line);
+    if (!op_exists(names, e.op)) {
+      found.emplace_back(e.line, where + ": " + unknown_op_message(names, e.op));
+      continue;
+    }
+    std::string bad = chain_problem(e.chain);
+    if (!bad.empty()) {
+      found.emplace_back(e.line, where + ": route '" + e.op + " = " +
+                                     chain_text(e.chain) + "': " + bad);
+      continue;
+    }
+    if (routes) (*routes)[e.op] = Route{e.chain, "file " + where};
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& f : found) problems->push_back(std::move(f.second));
+}
+
+const Route* lookup(const std::unordered_map<std::string, Route>& m,
+                    const std::string& full, const std::string& base) {
+  auto it = m.find(full);
+  if (it != m.end()) return &it->second;
+  if (full != base) {
+    it = m.find(base);
+    if (it != m.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+// The route configured for an operator ("aten::add.Tensor"), by precedence
+// api > env > file and, within each, overload > base. Caller holds s.mu.
+const Route* find_route(const State& s, const std::string& plan_name) {
+  std::string full =
+      plan_name.rfind("aten::", 0) == 0 ? plan_name.substr(6) : plan_name;
+  std::string base = full.substr(0, full.find('.'));
+  for (const auto* m : {&s.api, &s.env, &s.file}) {
+    if (const Route* r = lookup(*m, full, base)) return r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+uint32_t epoch() noexcept { return g_epoch.load(std::memory_order_relaxed); }
+bool log_enabled() noexcept { return g_log.load(std::memory_order_relaxed); }
+FallbackPolicy fallback_policy() noexcept {
+  return g_policy.load(std::memory_order_relaxed);
+}
+
+std::vector<Backend> available_backends() {
+  std::vector<Backend> out;
+  for (int i = 0; i < kNumBackends; ++i) {
+    if (available(static_cast<Backend>(i))) out.push_back(static_cast<Backend>(i));
+  }
+  return out;
+}
+
+std::vector<std::string> check_file(const std::string& path) {
+  std::vector<std::string> problems;
+  std::string error;
+  auto text = read_file(path, &error);
+  if (!text) return {error};
+  OpNames names = collect_op_names();
+  check_entries(parse_config(*text, path), names, nullptr, &problems);
+  return problems;
+}
+
+std::vector<std::string> load(const std::string& default_path) {
+  std::vector<std::string> problems;
+  OpNames names = collect_op_names();
+
+  // Policies.
+  FallbackPolicy policy = FallbackPolicy::kWarn;
+  if (auto v = hal::env_value("FLAGOS_CPU_FALLBACK")) {
+    if (*v == "warn") policy = FallbackPolicy::kWarn;
+    else if (*v == "allow") policy = FallbackPolicy::kAllow;
+    else if (*v == "error") policy = FallbackPolicy::kError;
+    else
+      problems.push_back("FLAGOS_CPU_FALLBACK='" + printable(*v) +
+                         "' is not valid: use warn (the default), allow or error");
+  }
+  bool log = parse_flag("FLAGOS_LOG_DISPATCH", false, &problems);
+  std::FILE* log_file = nullptr;
+  if (auto path = hal::env_value("FLAGOS_LOG_FILE"); path && log) {
+    log_file = std::fopen(path->c_str(), "a");
+    if (!log_file) {
+      problems.push_back("FLAGOS_LOG_FILE='" + printable(*path) +
+                         "' cannot be opened for appending");
+    }
+  }
+
+  // The file.
+  std::unordered_map<std::string, Route> file_routes;
+  std::string path = hal::env_value("FLAGOS_BACKEND_CONFIG").value_or(default_path);
+  if (auto explicit_path = hal::env_value("FLAGOS_BACKEND_CONFIG");
+      explicit_path && explicit_path->empty()) {
+    problems.push_back("FLAGOS_BACKEND_CONFIG is set but empty: name a config "
+                       "file, or unset it to use the packaged backends.conf");
+    path = default_path;
+  }
+  if (!path.empty()) {
+    std::string error;
+    if (auto text = read_file(path, &error)) {
+      check_entries(parse_config(*text, path), names, &file_routes, &problems);
+    } else {
+      problems.push_back("FLAGOS_BACKEND_CONFIG: " + error);
+      path.clear();
+    }
+  }
+
+  // FLAGOS_OP_* overrides.
+  std::unordered_map<std::string, Route> env_routes;
+  std::vector<std::string> env_vars;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    if (kv.rfind(kEnvPrefix, 0) == 0) env_vars.push_back(kv);
+  }
+  std::sort(env_vars.begin(), env_vars.end());
+  for (const auto& kv : env_vars) {
+    auto eq = kv.find('=');
+    std::string var = kv.substr(0, eq);
+    std::string value = kv.substr(eq + 1);
+    std::string encoded = var.substr(std::char_traits<char>::length(kEnvPrefix));
+    auto op = decode_env_op(names, encoded);
+    if (!op) {
+      std::string msg = var + " names no operator: '" + printable(encoded) +
+                        "' is not an aten operator or overload (write '.' as "
+                        "'__', e.g. FLAGOS_OP_add__Tensor)";
+      std::string guess = closest_match(encoded, names.all);
+      if (!guess.empty()) {
+        std::string enc = guess;
+        for (size_t p = enc.find('.'); p != std::string::npos; p = enc.find('.'))
+          enc.replace(p, 1, "__");
+        msg += ". Did you mean " + std::string(kEnvPrefix) + enc + "?";
+      }
+      problems.push_back(msg);
+      continue;
+    }
+    std::vector<ConfigError> errors;
+    auto chain = parse_chain(value, var, 0, *op, &errors);
+    for (const auto& err : errors) problems.push_back(err.to_string());
+    if (!chain) continue;
+    std::string bad = chain_problem(*chain);
+    if (!bad.empty()) {
+      problems.push_back(var + "='" + printable(value) + "': " + bad);
+      continue;
+    }
+    env_routes[*op] = Route{*chain, "env " + var};
+  }
+
+  {
+    auto& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.file = std::move(file_routes);
+    s.env = std::move(env_routes);
+    s.config_path = path;
+    if (s.log && s.log != stderr) std::fclose(s.log);
+    s.log = log_file ? log_file : stderr;
+  }
+  g_policy.store(policy);
+  g_log.store(log);
+  g_epoch.fetch_add(1);
+  return problems;
+}
+
+void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uint32_t now = g_epoch.load();
+  if (plan.route_epoch.load() == now) return;  // another thread did it
+
+  const Route* route = find_route(s, plan.name);
+
+  std::optional<Backend> chosen;
+  if (route) {
+    for (Backend b : route->chain) {
+      if (serves(b, op)) {
+        chosen = b;
+        break;
+      }
+    }
+  } else {
+    chosen = serves(Backend::kFlagGems, op) ? Backend::kFlagGems : Backend::kNative;
+  }
+  bool fallback = !chosen.has_value();
+  if (fallback && fallback_policy() == FallbackPolicy::kWarn) {
+    TORCH_WARN("flagos: ", plan.name, " is routed to [",
+               chain_text(route->chain), "] (", route->source,
+               ") but none of them can run it on the '", runtime::driver().name(),
+               "' driver, so it runs on the CPU. Set FLAGOS_CPU_FALLBACK=allow "
+               "to silence this or =error to forbid it.");
+  }
+  plan.backend.store(chosen.value_or(Backend::kCpu));
+  plan.cpu_fallback.store(fallback);
+  plan.route_epoch.store(now, std::memory_order_release);
+}
+
+void set_route(const std::string& op_text, const std::string& chain_text_in) {
+  OpNames names = collect_op_names();
+  std::string op = op_text.rfind("aten::", 0) == 0 ? op_text.substr(6) : op_text;
+  TORCH_CHECK_VALUE(op_exists(names, op), "set_route: ", unknown_op_message(names, op));
+  auto& s = state();
+  if (chain_text_in.empty()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.api.erase(op);
+  } else {
+    std::vector<ConfigError> errors;
+    auto chain = parse_chain(chain_text_in, "set_route", 0, op, &errors);
+    TORCH_CHECK_VALUE(chain.has_value(), "set_route: ", errors.front().message);
+    std::string bad = chain_problem(*chain);
+    TORCH_CHECK_VALUE(bad.empty(), "set_route('", op, "', '", chain_text_in, "'): ", bad);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.api[op] = Route{*chain, "api"};
+  }
+  g_epoch.fetch_add(1);
+}
+
+std::vector<Row> table() {
+  std::vector<Row> rows;
+  std::unordered_set<std::string> seen;
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  aten::for_each_plan([&](aten::OpPlan& plan) {
+    if (plan.route_epoch.load() == 0) return;
+    const Route* r = find_route(s, plan.name);
+    rows.push_back({plan.name, std::string(backend_name(plan.backend.load())),
+                    r ? r->source : "default", true, plan.cpu_fallback.load()});
+    seen.insert(plan.name.rfind("aten::", 0) == 0 ? plan.name.substr(6) : plan.name);
+  });
+  for (auto* m : {&s.api, &s.env, &s.file}) {
+    for (const auto& [op, route] : *m) {
+      if (seen.insert(op).second)
+        rows.push_back({op, chain_text(route.chain), route.source, false, false});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.op < b.op; });
+  return rows;
+}
+
+std::vector<Stat> stats() {
+  std::vector<Stat> out;
+  aten::for_each_plan([&](aten::OpPlan& plan) {
+    Stat st{plan.name, {}, plan.fallback_calls.load()};
+    for (int i = 0; i < kNumBackends; ++i) {
+      uint64_t n = plan.calls[i].load();
+      if (n) st.calls.emplace_back(std::string(backend_name(static_cast<Backend>(i))), n);
+    }
+    if (!st.calls.empty() || st.cpu_fallbacks) out.push_back(std::move(st));
+  });
+  std::sort(out.begin(), out.end(), [](const Stat& a, const Stat& b) { return a.op < b.op; });
+  return out;
+}
+
+void reset_stats() {
+  aten::for_each_plan([](aten::OpPlan& plan) {
+    for (auto& c : plan.calls) c.store(0);
+    plan.fallback_calls.store(0);
+  });
+}
+
+void log_dispatch(const aten::OpPlan& plan, Backend backend) {
+  auto& s = state();
+  std::string source = "default";
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (const Route* r = find_route(s, plan.name)) source = r->source;
+  std::fprintf(s.log ? s.log : stderr, "[flagos dispatch] %s -> %s (%s%s)\n",
+               plan.name.c_str(), std::string(backend_name(backend)).c_str(),
+               source.c_str(), plan.cpu_fallback.load() ? ", cpu fallback" : "");
+  std::fflush(s.log ? s.log : stderr);
+}
+
+std::string config_path() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.config_path;
+}
+
+}  // namespace torch_fl::routing

@@ -1,0 +1,77 @@
+#pragma once
+
+// The routing table: which backend serves each operator, decided once per
+// operator (and again only after a routing change) from, in order of
+// precedence:
+//   1. torch_fl.routing.set_route()            (source "api")
+//   2. FLAGOS_OP_<name>, '.' written '__'      (source "env")
+//   3. the config file                         (source "file")
+//   4. the default: flaggems where it serves the op, else the driver's native
+//      kernels                                 (source "default")
+// Within each, an overload entry (add.Tensor) wins over its base (add). A
+// chain takes its first backend that is available on this driver and serves
+// the op; when none does, the op runs on the CPU as a counted fallback that
+// FLAGOS_CPU_FALLBACK=warn|allow|error governs.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "aten/op_plan.h"
+#include "routing/config.h"
+
+namespace torch_fl::routing {
+
+// Reads FLAGOS_BACKEND_CONFIG (else `default_path`, the packaged
+// backends.conf), the FLAGOS_OP_* variables and the policy variables, checks
+// every name against the dispatcher and the driver, and installs the result.
+// Returns every problem found (one string each, with source and line); the
+// caller raises them (FLAGOS_CONFIG_STRICT=1, the default) or warns. What was
+// valid is installed either way.
+std::vector<std::string> load(const std::string& default_path);
+
+// Checks a config file alone, as `python -m torch_fl check-config` does.
+std::vector<std::string> check_file(const std::string& path);
+
+// The global routing epoch; a plan whose route_epoch differs re-resolves.
+uint32_t epoch() noexcept;
+
+// Slow path: decides the route of `plan` and stores it (thread-safe).
+void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan);
+
+// Routes `op` ("mm", "add.Tensor") through `chain` ("cuda" or "flaggems,
+// cuda") from now on; an empty chain removes the override. Throws
+// c10::ValueError for an unknown op or backend, or a chain with no backend
+// available here.
+void set_route(const std::string& op, const std::string& chain);
+
+struct Row {
+  std::string op;       // "aten::add.Tensor", or a configured name
+  std::string backend;  // chosen backend, or the configured chain if unresolved
+  std::string source;   // "api", "env FLAGOS_OP_mm", "file PATH:LINE", "default"
+  bool resolved;        // false: configured, not called yet
+  bool cpu_fallback;
+};
+std::vector<Row> table();
+
+struct Stat {
+  std::string op;
+  std::vector<std::pair<std::string, uint64_t>> calls;  // backend -> count
+  uint64_t cpu_fallbacks;
+};
+std::vector<Stat> stats();
+void reset_stats();
+
+// Which backends this driver provides ("cpu, native" on the host driver).
+std::vector<Backend> available_backends();
+
+// Dispatch-log and fallback-policy state, read on the hot path.
+bool log_enabled() noexcept;
+void log_dispatch(const aten::OpPlan& plan, Backend backend);
+enum class FallbackPolicy : uint8_t { kWarn, kAllow, kError };
+FallbackPolicy fallback_policy() noexcept;
+// The config file in force ("" when none).
+std::string config_path();
+
+}  // namespace torch_fl::routing
