@@ -12,13 +12,6 @@ if [ ! -x "$PY" ]; then
 fi
 "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements-dev.txt"
 
-# GoogleTest for the C++ unit tests (Debian's package; root or sudo needed).
-if [ ! -f /usr/include/gtest/gtest.h ]; then
-  echo "[bootstrap] installing GoogleTest (libgtest-dev)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev cmake >/dev/null
-fi
-
 echo "[bootstrap] building and installing torch_fl"
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$ROOT"
 export PATH="$VENV/bin:$PATH"
