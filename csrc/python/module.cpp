@@ -159,7 +159,7 @@ PYBIND11_MODULE(_C, m) {
       entries.append(py::make_tuple(e.op, chain, e.line));
     }
     for (const auto& e : parsed.errors) {
-      errors.append(py::make_tuple(e.line, e.token, e.to_string()));
+      errors.append(py::make_tuple(e.line, py::bytes(e.token), e.to_string()));
     }
     return py::make_tuple(entries, errors);
   });

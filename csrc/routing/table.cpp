@@ -218,8 +218,9 @@ void check_entries(const ParsedConfig& parsed, const OpNames& names,
     if (!bad.empty()) {
       found.emplace_back(e.line, where + ": route '" + e.op + " = " +
                                      chain_text(e.chain) + "': " + bad);
-      continue;
     }
+    // Installed even when no backend is available here: with
+    // FLAGOS_CONFIG_STRICT=0 the op then runs as a counted CPU fallback.
     if (routes) (*routes)[e.op] = Route{e.chain, "file " + where};
   }
   std::stable_sort(found.begin(), found.end(),
@@ -291,6 +292,9 @@ std::vector<std::string> load(const std::string& default_path) {
                          "' is not valid: use warn (the default), allow or error");
   }
   bool log = parse_flag("FLAGOS_LOG_DISPATCH", false, &problems);
+  // Stub-only mode (spec): no Python-registered provider; checked here so a
+  // bad value is reported with the rest. The flaggems provider reads it.
+  parse_flag("FLAGOS_DISABLE_FLAGGEMS_PY", false, &problems);
   std::FILE* log_file = nullptr;
   if (auto path = hal::env_value("FLAGOS_LOG_FILE"); path && log) {
     log_file = std::fopen(path->c_str(), "a");
@@ -352,11 +356,8 @@ std::vector<std::string> load(const std::string& default_path) {
     for (const auto& err : errors) problems.push_back(err.to_string());
     if (!chain) continue;
     std::string bad = chain_problem(*chain);
-    if (!bad.empty()) {
-      problems.push_back(var + "='" + printable(value) + "': " + bad);
-      continue;
-    }
-    env_routes[*op] = Route{*chain, "env " + var};
+    if (!bad.empty()) problems.push_back(var + "='" + printable(value) + "': " + bad);
+    env_routes[*op] = Route{*chain, "env " + var};  // see check_entries
   }
 
   {

@@ -1,0 +1,383 @@
+"""Per-operator routing: config file, FLAGOS_OP_*, precedence, chains, aliases,
+the dispatch log, the CPU-fallback policy, the API and the CLI.
+
+Routing is read at import, so most cases run in a fresh interpreter. They are
+started together and collected per test to keep the suite fast.
+"""
+
+import random
+import threading
+
+import pytest
+import torch
+
+import torch_fl
+from conftest import run_py, start_py
+
+# On the host driver `cpu` and `native` are both available (the same zero-copy
+# CPU kernels); `cuda`, `flaggems`, `metax` and `ascend` are not.
+
+PRINT_ROUTE = """
+import torch, torch_fl
+x = torch.randn(8, device="flagos")
+y = x * 3
+assert torch.allclose(y.cpu(), x.cpu() * 3)
+for r in torch_fl.routing.table("mul"):
+    if r.resolved:
+        print("ROUTE", r.op, r.backend, r.source, r.cpu_fallback)
+"""
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def route_of(out, op="aten::mul.out"):
+    for line in out.splitlines():
+        if line.startswith("ROUTE " + op + " "):
+            return line.split(" ", 2)[2]
+    raise AssertionError(f"no route for {op} in:\n{out}")
+
+
+# ---- precedence -------------------------------------------------------------
+
+def test_default_route_is_native_on_the_host_driver():
+    rc, out, err = run_py(PRINT_ROUTE)
+    assert rc == 0, err
+    assert route_of(out) == "native default False"
+
+
+def test_file_route_applies_to_every_overload_of_a_base_name(tmp_path):
+    conf = write(tmp_path, "b.conf", "mul = cpu\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc == 0, err
+    assert route_of(out) == f"cpu file {conf}:1 False"
+
+
+def test_overload_line_wins_over_its_base_line(tmp_path):
+    conf = write(tmp_path, "b.conf", "mul.out = native\nmul = cpu\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc == 0, err
+    assert route_of(out) == f"native file {conf}:1 False"
+
+
+def test_env_override_wins_over_the_file(tmp_path):
+    conf = write(tmp_path, "b.conf", "mul.out = native\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf,
+                                            "FLAGOS_OP_mul": "cpu"})
+    assert rc == 0, err
+    # env beats file even though the file names the overload and env the base.
+    assert route_of(out) == "cpu env FLAGOS_OP_mul False"
+
+
+def test_env_override_with_overload_uses_double_underscore():
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_OP_mul__out": "cpu"})
+    assert rc == 0, err
+    assert route_of(out) == "cpu env FLAGOS_OP_mul__out False"
+
+
+def test_env_override_for_an_op_the_file_does_not_list(tmp_path):
+    conf = write(tmp_path, "b.conf", "mm = native\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf,
+                                            "FLAGOS_OP_mul": "cpu"})
+    assert rc == 0, err
+    assert route_of(out) == "cpu env FLAGOS_OP_mul False"
+
+
+def test_api_route_wins_over_env_and_can_be_removed():
+    code = """
+import torch, torch_fl
+x = torch.randn(4, device="flagos")
+def route():
+    x * 2
+    return [(r.backend, r.source) for r in torch_fl.routing.table("mul") if r.resolved][0]
+print("A", route())
+torch_fl.routing.set_route("mul", "native")
+print("B", route())
+torch_fl.routing.set_route("mul", "")
+print("C", route())
+"""
+    rc, out, err = run_py(code, env={"FLAGOS_OP_mul": "cpu"})
+    assert rc == 0, err
+    assert "A ('cpu', 'env FLAGOS_OP_mul')" in out
+    assert "B ('native', 'api')" in out
+    assert "C ('cpu', 'env FLAGOS_OP_mul')" in out
+
+
+# ---- chains and aliases ------------------------------------------------------
+
+def test_chain_takes_the_first_available_backend(tmp_path):
+    conf = write(tmp_path, "b.conf", "mul = cuda, flaggems, cpu, native\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc == 0, err
+    assert route_of(out).startswith("cpu file ")
+
+
+@pytest.mark.parametrize("alias", ["flagos", "flagos_python", "flaggems_python", "flaggems"])
+def test_spec_aliases_of_flaggems_are_accepted(tmp_path, alias):
+    # FlagGems is not available on the host driver, so the chain goes on to cpu.
+    conf = write(tmp_path, "b.conf", f"mul = {alias}, cpu\n")
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc == 0, err
+    assert route_of(out).startswith("cpu file ")
+
+
+# ---- strictness: every mistake is an error with its location ------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("mm = cdua\n", ["b.conf:1", "unknown backend 'cdua'", "cuda, cpu, native", "Did you mean 'cuda'?"]),
+    ("\n\nsofmax = cpu\n", ["b.conf:3", "unknown operator 'sofmax'", "Did you mean 'softmax'?"]),
+    ("mm = cuda\n", ["b.conf:1", "no backend in the chain is available", "Available on this driver: cpu, native"]),
+    ("mm = metax\n", ["b.conf:1", "metax driver is not built into this installation"]),
+    ("mm cuda\n", ["b.conf:1", "malformed line 'mm cuda'", "expected 'op = backend'"]),
+    ("mm = cpu\nmm = native\n", ["b.conf:2", "routed twice", "first at line 1"]),
+])
+def test_config_mistakes_raise_at_import_with_location(tmp_path, text, expected):
+    conf = write(tmp_path, "b.conf", text)
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc != 0
+    assert "ConfigError" in err
+    for piece in expected:
+        assert piece in err, f"{piece!r} missing from:\n{err}"
+
+
+def test_all_mistakes_of_a_file_are_reported_in_one_run(tmp_path):
+    conf = write(tmp_path, "b.conf", "mm = cdua\nbad line\nsofmax = cpu\nmul = cpu\n")
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert rc != 0
+    assert "3 routing configuration error(s)" in err
+    assert err.index(":1:") < err.index(":2:") < err.index(":3:")
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"FLAGOS_BACKEND_CONFIG": "/nonexistent/b.conf"}, ["/nonexistent/b.conf", "no such file"]),
+    ({"FLAGOS_BACKEND_CONFIG": ""}, ["FLAGOS_BACKEND_CONFIG is set but empty"]),
+    ({"FLAGOS_OP_sofmax": "cpu"}, ["FLAGOS_OP_sofmax names no operator", "Did you mean FLAGOS_OP_softmax?"]),
+    ({"FLAGOS_OP_mm": "gpu"}, ["FLAGOS_OP_mm", "unknown backend 'gpu'", "cuda, cpu, native"]),
+    ({"FLAGOS_OP_mm": "cuda"}, ["FLAGOS_OP_mm='cuda'", "no backend in the chain is available here"]),
+    ({"FLAGOS_OP_mm": ""}, ["FLAGOS_OP_mm", "empty backend"]),
+    ({"FLAGOS_CPU_FALLBACK": "sometimes"}, ["FLAGOS_CPU_FALLBACK='sometimes'", "warn (the default), allow or error"]),
+    ({"FLAGOS_LOG_DISPATCH": "yes"}, ["FLAGOS_LOG_DISPATCH='yes'", "use 1 or 0"]),
+    ({"FLAGOS_DISABLE_FLAGGEMS_PY": "2"}, ["FLAGOS_DISABLE_FLAGGEMS_PY='2'", "use 1 or 0"]),
+    ({"FLAGOS_CONFIG_STRICT": "maybe"}, ["FLAGOS_CONFIG_STRICT='maybe'", "use 1 (default) or 0"]),
+    ({"FLAGOS_LOG_DISPATCH": "1", "FLAGOS_LOG_FILE": "/nonexistent/dir/log"}, ["FLAGOS_LOG_FILE", "cannot be opened"]),
+])
+def test_bad_routing_environment_raises_at_import(env, expected):
+    rc, out, err = run_py("import torch_fl", env=env)
+    assert rc != 0, out
+    for piece in expected:
+        assert piece in err, f"{piece!r} missing from:\n{err}"
+
+
+def test_non_strict_mode_warns_and_keeps_valid_entries(tmp_path):
+    conf = write(tmp_path, "b.conf", "mm = cdua\nmul = cpu\n")
+    code = PRINT_ROUTE.replace("import torch, torch_fl", "import warnings\nwarnings.simplefilter('always')\nimport torch, torch_fl")
+    rc, out, err = run_py(code, env={"FLAGOS_BACKEND_CONFIG": conf, "FLAGOS_CONFIG_STRICT": "0"})
+    assert rc == 0, err
+    assert "unknown backend 'cdua'" in err
+    assert route_of(out).startswith("cpu file ")
+
+
+def test_autoloaded_import_torch_survives_a_bad_config(tmp_path):
+    conf = write(tmp_path, "b.conf", "mm = cdua\n")
+    code = "import torch\nprint('TORCH OK')\nimport torch_fl\n"
+    rc, out, err = run_py(code, env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert "TORCH OK" in out, err
+    assert rc != 0 and "unknown backend 'cdua'" in err
+
+
+# ---- CPU fallback policy -------------------------------------------------------
+
+FALLBACK = """
+import warnings
+warnings.simplefilter("always")
+import torch, torch_fl
+x = torch.randn(8, device="flagos")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        y = x * 2
+    print("WARNINGS", sum("runs on the CPU" in str(m.message) for m in w))
+assert torch.allclose(y.cpu(), x.cpu() * 2)
+s = [s for s in torch_fl.routing.stats() if s.op == "aten::mul.out"][0]
+print("FALLBACKS", s.cpu_fallbacks, s.calls)
+"""
+NON_STRICT_CUDA = {"FLAGOS_CONFIG_STRICT": "0", "FLAGOS_OP_mul": "cuda"}
+
+
+def test_fallback_warns_once_per_op_and_is_counted():
+    rc, out, err = run_py(FALLBACK, env=dict(NON_STRICT_CUDA))
+    assert rc == 0, err
+    assert "WARNINGS 1" in out
+    assert "FALLBACKS 3 {'cpu': 3}" in out
+
+
+def test_fallback_allow_is_silent_but_counted():
+    rc, out, err = run_py(FALLBACK, env=dict(NON_STRICT_CUDA, FLAGOS_CPU_FALLBACK="allow"))
+    assert rc == 0, err
+    assert "WARNINGS 0" in out
+    assert "FALLBACKS 3" in out
+
+
+def test_fallback_error_raises_naming_the_op():
+    rc, out, err = run_py(FALLBACK, env=dict(NON_STRICT_CUDA, FLAGOS_CPU_FALLBACK="error"))
+    assert rc != 0
+    assert "aten::mul.out" in err and "FLAGOS_CPU_FALLBACK=error" in err
+
+
+# ---- dispatch log ----------------------------------------------------------------
+
+LOGGED = """
+import torch, torch_fl
+x = torch.randn(8, device="flagos")
+for _ in range(5):
+    y = x * 2
+torch_fl.routing.set_route("mul", "cpu")
+y = x * 2
+"""
+
+
+def test_dispatch_log_prints_each_op_backend_pair_once():
+    rc, out, err = run_py(LOGGED, env={"FLAGOS_LOG_DISPATCH": "1"})
+    assert rc == 0, err
+    lines = [l for l in err.splitlines() if "aten::mul.out" in l]
+    assert lines == ["[flagos dispatch] aten::mul.out -> native (default)",
+                     "[flagos dispatch] aten::mul.out -> cpu (api)"], err
+
+
+def test_dispatch_log_goes_to_file(tmp_path):
+    log = tmp_path / "dispatch.log"
+    rc, out, err = run_py(LOGGED, env={"FLAGOS_LOG_DISPATCH": "1", "FLAGOS_LOG_FILE": str(log)})
+    assert rc == 0, err
+    assert "[flagos dispatch]" not in err
+    assert "[flagos dispatch] aten::mul.out -> native (default)" in log.read_text()
+
+
+def test_no_dispatch_log_by_default():
+    rc, out, err = run_py(LOGGED)
+    assert rc == 0, err
+    assert "[flagos dispatch]" not in err
+
+
+# ---- in-process API ---------------------------------------------------------------
+
+def test_set_route_rejects_unknown_op_and_unavailable_backend():
+    with pytest.raises(ValueError, match="unknown operator 'sofmax'.*Did you mean 'softmax'"):
+        torch_fl.routing.set_route("sofmax", "cpu")
+    with pytest.raises(ValueError, match="no backend in the chain is available here"):
+        torch_fl.routing.set_route("mm", "cuda")
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        torch_fl.routing.set_route("mm", "gpu")
+    with pytest.raises(TypeError):
+        torch_fl.routing.set_route("mm", None)
+
+
+def test_stats_count_calls_per_backend_and_reset():
+    torch_fl.routing.reset_stats()
+    x = torch.randn(5, device="flagos")
+    for _ in range(4):
+        torch.neg(x)
+    st = {s.op: s for s in torch_fl.routing.stats()}
+    assert st["aten::neg.out"].calls == {"native": 4}
+    torch_fl.routing.reset_stats()
+    assert "aten::neg.out" not in {s.op for s in torch_fl.routing.stats()}
+
+
+def test_route_changes_while_threads_run_ops_are_safe():
+    errors, stop = [], threading.Event()
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        a_cpu = torch.randn(64, generator=g)
+        a = a_cpu.to("flagos")
+        while not stop.is_set():
+            try:
+                torch.testing.assert_close((a * 3 + 1).cpu(), a_cpu * 3 + 1)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(200):
+            torch_fl.routing.set_route("mul", "cpu" if i % 2 else "native")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        torch_fl.routing.set_route("mul", "")
+    assert not errors, errors[0]
+
+
+def test_available_backends_and_config_path():
+    assert torch_fl.routing.available_backends() == ["cpu", "native"]
+    assert torch_fl.routing.config_path().endswith("backends.conf")
+
+
+# ---- the CLI -------------------------------------------------------------------
+
+def test_cli_info_routes_and_check_config(tmp_path):
+    good = write(tmp_path, "good.conf", "mm = cpu\nadd.Tensor = native  # ok\n")
+    bad = write(tmp_path, "bad.conf", "mm = cdua\nbad\nsofmax = cpu\n")
+    plain = start_py("", module="torch_fl")  # `python -m torch_fl` means info
+    info = run_py("import sys; from torch_fl.__main__ import main; sys.exit(main(['info']))")
+    assert info[0] == 0, info[2]
+    for key in ("torch_fl", "torch ", "driver        host", "devices", "FlagGems", "config"):
+        assert key in info[1]
+    routes = run_py("import sys, torch, torch_fl\nx = torch.randn(3, 3, device='flagos'); x @ x\n"
+                    "from torch_fl.__main__ import main; sys.exit(main(['routes', '--op', 'mm']))")
+    assert routes[0] == 0, routes[2]
+    assert "aten::mm.out" in routes[1] and "native" in routes[1]
+    ok = run_py(f"import sys; from torch_fl.__main__ import main; sys.exit(main(['check-config', {good!r}]))")
+    assert ok[0] == 0 and "OK" in ok[1], ok
+    ko = run_py(f"import sys; from torch_fl.__main__ import main; sys.exit(main(['check-config', {bad!r}]))")
+    assert ko[0] == 1, ko
+    assert "3 error(s)" in ko[1]
+    assert "Did you mean 'cuda'?" in ko[1] and "Did you mean 'softmax'?" in ko[1]
+    rc, out, err = plain.result()
+    assert rc == 0 and "driver        host" in out, err
+
+
+# ---- fuzzing the parser ----------------------------------------------------------
+
+VALID = b"mm = cuda\nadd.Tensor = flaggems, cpu  # x\n\naten::bmm.out=native\n# c\n"
+
+
+def check_parse(data: bytes):
+    entries, errors = torch_fl._C._parse_config(data, "fuzz.conf")
+    nlines = data.count(b"\n") + 1
+    for line, token, message in errors:
+        assert 1 <= line <= nlines, (data, line)
+        assert message.startswith(f"fuzz.conf:{line}: ")
+    for op, chain, line in entries:
+        assert op and chain and 1 <= line <= nlines
+
+
+def test_parser_fuzz_random_bytes_and_mutations():
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    alphabet = b"=,#.:_ \t\r\nabcdmnopstux0123456789\x00\xff"
+    for _ in range(3000):
+        n = rng.randrange(0, 200)
+        if rng.random() < 0.5:
+            data = bytes(rng.randrange(256) for _ in range(n))
+        else:
+            data = bytes(rng.choice(alphabet) for _ in range(n))
+        check_parse(data)
+    for _ in range(3000):
+        data = bytearray(VALID)
+        for _ in range(rng.randrange(1, 6)):
+            op = rng.randrange(3)
+            pos = rng.randrange(len(data) + 1)
+            if op == 0 and data:
+                del data[min(pos, len(data) - 1)]
+            elif op == 1:
+                data.insert(pos, rng.choice(alphabet))
+            else:
+                data[min(pos, len(data) - 1)] = rng.randrange(256)
+        check_parse(bytes(data))
+    print(f"parser fuzz: 6000 inputs, seed {seed}")
