@@ -2,9 +2,21 @@
 // one registration (PrivateUse1 fallback) instead of a stub per operator.
 // Composite operators never get here (PyTorch decomposes them first), so
 // autograd formulas stay intact.
+//
+// One refinement, decided from the dispatcher rather than written per op:
+// a structured operator (add.Tensor, mul_, ...) reaches a backend without a
+// kernel of its own through a generated CompositeExplicitAutogradNonFunctional
+// kernel that runs the meta function, allocates the output with empty() and
+// dispatches the .out overload: two shape inferences and two dispatches. Where
+// the native device has a kernel for the overload itself, that overload is
+// registered to this same boxed kernel (register_direct_routes), so it runs
+// once on the native device. Autograd sits above and is unaffected.
+
+#include <mutex>
 
 #include <torch/library.h>
 
+#include "aten/fallback.h"
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
 #include "routing/table.h"
@@ -57,6 +69,31 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
 }
 
 }  // namespace
+
+void register_direct_routes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                          c10::DispatchKey::PrivateUse1,
+                                          __FILE__, __LINE__);
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || !op->hasSchema()) continue;
+      using K = c10::DispatchKey;
+      if (!op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
+          op->hasKernelForDispatchKey(K::PrivateUse1) ||
+          !(op->hasKernelForDispatchKey(K::CPU) || op->hasKernelForDispatchKey(K::CUDA))) {
+        continue;
+      }
+      std::string full = name.name.substr(6);
+      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      lib->impl(full.c_str(),
+                torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+    }
+  });
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());

@@ -44,9 +44,24 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
   DeviceOf device{-1, op};
   // (flagos, native view) of every argument the kernel may write.
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;
+  // Non-flagos tensor arguments, checked once we know a flagos one is there.
+  c10::SmallVector<std::pair<at::Tensor, bool>, 2> foreign;
 
-  auto convert = [&](const at::Tensor& t, bool is_write) -> at::Tensor {
-    if (!is_flagos(t)) return t;
+  // A CPU tensor among flagos arguments is accepted where CUDA accepts one
+  // among CUDA arguments: a 0-dim scalar, or an index in a Tensor?[] list.
+  auto check_foreign = [&](const at::Tensor& t, bool index_list) {
+    if (!t.defined() || index_list || (t.device().is_cpu() && t.dim() == 0)) return;
+    TORCH_CHECK(false,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, flagos and ", t.device(), "! (in ",
+                op.schema().operator_name(), ")");
+  };
+  auto convert = [&](const at::Tensor& t, bool is_write,
+                     bool index_list = false) -> at::Tensor {
+    if (!is_flagos(t)) {
+      if (t.defined()) foreign.emplace_back(t, index_list);
+      return t;
+    }
     device.see(t.device().index());
     at::Tensor native = views.to_native(t);
     if (is_write) written.emplace_back(t, native);
@@ -75,7 +90,8 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
         out.reserve(in.size());
         for (const std::optional<at::Tensor>& t : in) {
           out.push_back(t.has_value()
-                            ? std::optional<at::Tensor>(convert(*t, slot.is_write))
+                            ? std::optional<at::Tensor>(
+                                  convert(*t, slot.is_write, /*index_list=*/true))
                             : std::nullopt);
         }
         v = std::move(out);
@@ -92,7 +108,11 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
         break;  // after the device is known
     }
   }
-  if (device.index == -1) device.index = runtime::current_device();
+  if (device.index == -1) {
+    device.index = runtime::current_device();
+  } else {
+    for (const auto& [t, index_list] : foreign) check_foreign(t, index_list);
+  }
   for (const ArgSlot& slot : plan.slots) {
     if (slot.kind != ArgKind::kGenerator) continue;
     c10::IValue& v = (*stack)[base + slot.index];
@@ -102,7 +122,12 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
   }
 
   {
-    c10::DeviceGuard guard(c10::Device(kFlagos, device.index));
+    // Switching devices only when needed: the guard's exchange-and-restore
+    // costs more than the rest of a small op's bookkeeping.
+    std::optional<c10::DeviceGuard> guard;
+    if (device.index != runtime::current_device()) {
+      guard.emplace(c10::Device(kFlagos, device.index));
+    }
     runtime::NativeAllocationScope scope(device.index);
     auto key = NativeViews::native_type() == c10::DeviceType::CPU
                    ? c10::DispatchKey::CPU

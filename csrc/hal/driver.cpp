@@ -61,16 +61,19 @@ std::string available_drivers() {
   return names;
 }
 
+namespace detail {
+std::atomic<Driver*> g_driver{nullptr};
+}
+
 Driver& driver() {
   // Not a function-local static: a failed construction must be retried (and
   // fail again with the same message). Leaked on purpose: tensors freed during
   // interpreter shutdown still call into the driver.
   static std::mutex mu;
-  static std::atomic<Driver*> ready{nullptr};
-  if (Driver* d = ready.load(std::memory_order_acquire)) return *d;
+  if (Driver* d = detail::g_driver.load(std::memory_order_acquire)) return *d;
   std::lock_guard<std::mutex> lock(mu);
-  if (ready.load() == nullptr) ready.store(make_driver().release());
-  return *ready.load();
+  if (detail::g_driver.load() == nullptr) detail::g_driver.store(make_driver().release());
+  return *detail::g_driver.load();
 }
 
 }  // namespace torch_fl::hal

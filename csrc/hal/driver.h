@@ -11,6 +11,7 @@
 //    act on; allocate() is the one exception: it returns nullptr when the
 //    device has no room, so that the caching allocator can free and retry.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,6 +101,16 @@ class Driver {
 // (host | cuda | auto; auto prefers a usable GPU). Throws ConfigError for an
 // unknown value and Error when the named driver cannot run here.
 Driver& driver();
+
+namespace detail {
+extern std::atomic<Driver*> g_driver;
+}
+// driver() without the selection step, for hot paths that run only after the
+// device is in use (the driver is then selected).
+inline Driver& selected_driver() {
+  Driver* d = detail::g_driver.load(std::memory_order_acquire);
+  return d != nullptr ? *d : driver();
+}
 
 // Registers a driver other than host; called from a driver's translation unit
 // at static-initialisation time. The factory returns nullptr when the hardware

@@ -7,6 +7,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 
+#include "aten/fallback.h"
 #include "hal/driver.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -74,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_init", [] {
     guarded([] {
       hal::driver();
+      aten::register_direct_routes();
       return 0;
     });
   });

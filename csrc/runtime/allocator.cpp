@@ -197,10 +197,12 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
                                           size_t nbytes,
                                           c10::DeviceType label) {
   lazy_init();
+  TORCH_CHECK_INDEX(device >= 0 && device < device_count(),
+                    "flagos allocation on invalid device ", static_cast<int>(device));
   c10::Device dev(label, label == kFlagos ? device : -1);
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
   const size_t size = round_size(nbytes);
-  const c10::StreamId stream = current_stream(device).id();
+  const c10::StreamId stream = current_stream_id_unchecked(device);
   auto& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mu);
   if (!p.pending.empty()) process_pending(p, /*wait=*/false);
@@ -242,11 +244,13 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     });
   }
   b->requested = nbytes;
-  for_pool(size, [&](size_t i) {
+  // The block's own size: a reused cached block may be larger than the
+  // request, and free_block() subtracts the block's size.
+  for_pool(b->size, [&](size_t i) {
     p.stats.allocation[i].increase(1);
     p.stats.active[i].increase(1);
-    p.stats.allocated_bytes[i].increase(size);
-    p.stats.active_bytes[i].increase(size);
+    p.stats.allocated_bytes[i].increase(b->size);
+    p.stats.active_bytes[i].increase(b->size);
     p.stats.requested_bytes[i].increase(nbytes);
   });
   if (label != kFlagos) {

@@ -12,7 +12,7 @@ namespace torch_fl::runtime {
 constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
 // The driver of this process (selected on first use; see hal::driver()).
-inline hal::Driver& driver() { return hal::driver(); }
+inline hal::Driver& driver() { return hal::selected_driver(); }
 
 c10::DeviceIndex device_count() noexcept;
 

@@ -67,8 +67,7 @@ void install_native_allocation() {
 }
 
 c10::Allocator* native_allocator() {
-  install_native_allocation();
-  return g_wrapper;
+  return g_wrapper;  // installed at load (below), before any kernel runs
 }
 
 // Installed at load: the wrapper is inert outside a scope, and installing it

@@ -82,6 +82,10 @@ c10::Stream new_stream(c10::DeviceIndex device, int priority) {
   return make_stream(device, id);
 }
 
+c10::StreamId current_stream_id_unchecked(c10::DeviceIndex device) noexcept {
+  return tls_current[device];
+}
+
 c10::Stream current_stream(c10::DeviceIndex device) {
   device = resolve_device(device);
   return make_stream(device, tls_current[device]);

@@ -21,6 +21,8 @@ c10::Stream pool_stream(c10::DeviceIndex device, bool high_priority);
 c10::Stream new_stream(c10::DeviceIndex device, int priority);
 
 c10::Stream current_stream(c10::DeviceIndex device);
+// The current stream id of a device already known to be valid (hot paths).
+c10::StreamId current_stream_id_unchecked(c10::DeviceIndex device) noexcept;
 // Makes `stream` current for its device on this thread; returns the previous.
 c10::Stream exchange_stream(c10::Stream stream);
 

@@ -7,6 +7,7 @@ tests meaningful; an explicit value in the environment wins.
 
 import os
 import subprocess
+import tempfile
 import sys
 
 os.environ.setdefault("FLAGOS_HOST_DEVICES", "2")
@@ -38,6 +39,9 @@ class PyProcess:
             [sys.executable, *args],
             env=_child_env(env),
             stdout=subprocess.PIPE,
+            # Outside the source tree: `-c` puts the working directory first on
+            # sys.path, and the checkout's torch_fl/ has no built extension.
+            cwd=tempfile.gettempdir(),
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -21,12 +21,16 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=_torch_device(device), priority=priority)
 
 
-class Event(torch.Event):
-    """A flagos event; ``enable_timing=True`` makes ``elapsed_time`` available."""
+class Event:
+    """A flagos event: ``torch.flagos.Event(enable_timing=True)``.
+
+    Returns a plain ``torch.Event`` on the current flagos device (PyTorch's
+    ``elapsed_time`` accepts only that exact type, not subclasses).
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(
-            cls, device=torch.device("flagos", current_device()),
+        return torch.Event(
+            device=torch.device("flagos", current_device()),
             enable_timing=enable_timing, blocking=blocking, interprocess=interprocess,
         )
 

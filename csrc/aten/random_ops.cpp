@@ -1,0 +1,40 @@
+// Random operators whose native kernels draw from the native device's default
+// generator internally, with no Generator argument the routing path could
+// replace. On flagos they are written in terms of flagos operators, so the
+// randomness comes from the flagos generator (torch.flagos.manual_seed) and
+// matches the native kernel's algorithm step for step.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones_like.h>
+#include <torch/library.h>
+
+namespace torch_fl::aten {
+namespace {
+
+// The algorithm of PyTorch's CPU native_dropout (aten/native/Dropout.cpp).
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
+                                                  double p,
+                                                  std::optional<bool> train) {
+  if (input.numel() == 0) {
+    return std::make_tuple(input, at::empty_like(input));
+  }
+  if (train.has_value() && !*train) {
+    return std::make_tuple(input.clone(),
+                           at::ones_like(input, input.options().dtype(c10::kBool)));
+  }
+  const double p1m = 1. - p;
+  const double scale = p1m == 0 ? 0. : 1. / p1m;
+  at::Tensor mask = at::empty_like(input, c10::MemoryFormat::Contiguous);
+  mask.bernoulli_(p1m);  // flagos generator: reaches the routing path
+  at::Tensor output = input.mul(mask).mul_(scale);
+  return std::make_tuple(output, mask);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_dropout", TORCH_FN(native_dropout));
+}
+
+}  // namespace torch_fl::aten

@@ -1,0 +1,295 @@
+"""Autograd, training, autocast and GradScaler on flagos, checked against CPU."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+
+def close(actual, expected, rtol=RTOL, atol=ATOL):
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach().cpu(), rtol=rtol, atol=atol)
+
+
+def make_mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+# ---------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("device", ["flagos:0", "flagos:1"])
+def test_mlp_sgd_training_matches_cpu(device):
+    cpu_model = make_mlp()
+    dev_model = copy.deepcopy(cpu_model).to(device)
+    for p in dev_model.parameters():
+        assert p.device == torch.device(device)
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, momentum=0.9)
+
+    for step in range(3):
+        x = torch.randn(8, 16)
+        target = torch.randn(8, 4)
+        cpu_opt.zero_grad()
+        dev_opt.zero_grad()
+        cpu_loss = F.mse_loss(cpu_model(x), target)
+        dev_loss = F.mse_loss(dev_model(x.to(device)), target.to(device))
+        assert dev_loss.device == torch.device(device)
+        close(dev_loss, cpu_loss)
+        cpu_loss.backward()
+        dev_loss.backward()
+        for (name, cp), dp in zip(cpu_model.named_parameters(), dev_model.parameters()):
+            assert dp.grad is not None, name
+            assert dp.grad.device == torch.device(device), name
+            close(dp.grad, cp.grad)
+        cpu_opt.step()
+        dev_opt.step()
+        for cp, dp in zip(cpu_model.parameters(), dev_model.parameters()):
+            close(dp, cp)
+
+
+def test_mse_loss_emits_no_spurious_warning():
+    x, target = torch.randn(8, 4), torch.randn(8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.mse_loss(x, target)  # CPU: silent
+        loss = F.mse_loss(x.to("flagos"), target.to("flagos"))
+    close(loss, F.mse_loss(x, target))
+
+
+def test_cross_entropy_classifier_backward_matches_cpu():
+    model = make_mlp()
+    dev_model = copy.deepcopy(model).to("flagos")
+    x = torch.randn(10, 16)
+    labels = torch.randint(0, 4, (10,))
+    loss = F.cross_entropy(model(x), labels)
+    dev_loss = F.cross_entropy(dev_model(x.to("flagos")), labels.to("flagos"))
+    close(dev_loss, loss)
+    loss.backward()
+    dev_loss.backward()
+    for cp, dp in zip(model.parameters(), dev_model.parameters()):
+        close(dp.grad, cp.grad)
+
+
+def test_adam_step_matches_cpu():
+    model = make_mlp()
+    dev_model = copy.deepcopy(model).to("flagos")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    dev_opt = torch.optim.Adam(dev_model.parameters(), lr=1e-2, foreach=False)
+    for _ in range(2):
+        x = torch.randn(4, 16)
+        opt.zero_grad()
+        dev_opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        dev_model(x.to("flagos")).pow(2).mean().backward()
+        opt.step()
+        dev_opt.step()
+    for cp, dp in zip(model.parameters(), dev_model.parameters()):
+        close(dp, cp, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- views and in-place
+
+
+def _grad_through(fn, x_cpu):
+    x = x_cpu.clone().requires_grad_()
+    fn(x).backward()
+    xd = x_cpu.to("flagos").requires_grad_()
+    fn(xd).backward()
+    assert xd.grad.device.type == "flagos"
+    close(xd.grad, x.grad)
+
+
+def test_backward_through_views():
+    x = torch.randn(6, 8)
+    _grad_through(lambda t: (t.t()[2:5] * 3).sum() + t.view(-1)[::3].pow(2).sum(), x)
+    _grad_through(lambda t: t.unfold(1, 3, 2).exp().mean() + t.diagonal().sum(), x)
+    _grad_through(lambda t: torch.stack(t.chunk(2, 0)).tanh().sum(), x)
+    _grad_through(lambda t: t.expand(3, 6, 8).sin().sum(), x)
+    _grad_through(lambda t: t[torch.tensor([0, 3, 3], device=t.device)].sum(), x)
+
+
+def test_backward_through_in_place_ops():
+    def fn(t):
+        y = t * 2
+        y[:, 1].mul_(3)
+        y.t()[3].add_(t[:, 0])
+        y.relu_()
+        return (y * y).sum()
+
+    _grad_through(fn, torch.randn(5, 6))
+
+
+def test_backward_through_in_place_on_view_of_leaf_clone():
+    def fn(t):
+        base = t.clone()
+        view = base[1:, ::2]
+        view.sigmoid_()
+        return base.sum() + view.sum()
+
+    _grad_through(fn, torch.randn(4, 6))
+
+
+def test_in_place_modification_of_saved_tensor_is_detected():
+    x = torch.randn(5, device="flagos", requires_grad=True)
+    y = x.exp()
+    z = y.sum()
+    y.add_(1)  # exp saved its output
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+
+
+def test_autograd_grad_and_second_order():
+    x_cpu = torch.randn(7)
+    x = x_cpu.to("flagos").requires_grad_()
+    y = (x.sin() * x).sum()
+    (g,) = torch.autograd.grad(y, x, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), x)
+    xc = x_cpu.clone().requires_grad_()
+    yc = (xc.sin() * xc).sum()
+    (gc,) = torch.autograd.grad(yc, xc, create_graph=True)
+    (hc,) = torch.autograd.grad(gc.sum(), xc)
+    close(g, gc)
+    close(h, hc)
+
+
+def test_backward_across_devices_with_to():
+    x_cpu = torch.randn(4, 3)
+    x = x_cpu.to("flagos:0").requires_grad_()
+    y = x.to("flagos:1") * 2
+    z = y.cpu().sum() + (x * 1).sum()
+    z.backward()
+    assert x.grad.device == torch.device("flagos", 0)
+    close(x.grad, torch.full((4, 3), 3.0))
+
+
+def test_no_grad_and_detach():
+    x = torch.randn(3, device="flagos", requires_grad=True)
+    with torch.no_grad():
+        y = x * 2
+    assert not y.requires_grad
+    assert not x.detach().requires_grad
+    assert x.detach().data_ptr() == x.data_ptr()
+
+
+# ---------------------------------------------------------------- autocast
+
+
+def test_autocast_is_available_for_flagos():
+    assert torch.amp.is_autocast_available("flagos")
+    assert torch.bfloat16 in torch.flagos.get_amp_supported_dtype()
+
+
+def test_autocast_matmul_and_linear_run_in_bfloat16():
+    a = torch.randn(8, 16, device="flagos")
+    b = torch.randn(16, 4, device="flagos")
+    lin = nn.Linear(16, 4).to("flagos")
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("flagos")
+        mm = a @ b
+        out = lin(a)
+        bmm = torch.bmm(a.unsqueeze(0), b.unsqueeze(0))
+    assert mm.dtype == torch.bfloat16
+    assert out.dtype == torch.bfloat16
+    assert bmm.dtype == torch.bfloat16
+    assert mm.device.type == "flagos"
+    ref = a.cpu().bfloat16() @ b.cpu().bfloat16()
+    close(mm.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    close(out.float(), lin.cpu()(a.cpu()), rtol=3e-2, atol=3e-2)
+    # outside the region, fp32 again
+    assert (a @ b).dtype == torch.float32
+
+
+def test_autocast_fp32_policy_ops_stay_float32():
+    x = torch.randn(4, 8, device="flagos").bfloat16()
+    w = torch.randn(8, device="flagos")
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        ln = F.layer_norm(x, (8,), w)
+        ex = torch.exp(x)
+        lg = torch.log(x.abs() + 1)
+        mse = F.mse_loss(x, x * 0.5)
+        sm = torch.softmax(torch.randn(4, 8, device="flagos"), dim=-1)
+    for t in (ln, ex, lg, mse, sm):
+        assert t.dtype == torch.float32
+    close(ex, torch.exp(x.cpu().float()), rtol=1e-5, atol=1e-5)
+
+
+def test_autocast_float16():
+    a = torch.randn(4, 4, device="flagos")
+    with torch.autocast("flagos", dtype=torch.float16):
+        y = a @ a
+    assert y.dtype == torch.float16
+
+
+def test_autocast_backward_gives_float32_grads():
+    model = make_mlp().to("flagos")
+    x = torch.randn(8, 16, device="flagos")
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        out = model(x)
+        loss = out.float().pow(2).mean()
+    assert out.dtype == torch.bfloat16
+    loss.backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32
+        assert torch.isfinite(p.grad.cpu()).all()
+
+
+def test_autocast_does_not_affect_cpu_tensors():
+    a = torch.randn(4, 4)
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- GradScaler
+
+
+def test_grad_scaler_step_updates_mlp():
+    model = make_mlp().to("flagos")
+    before = [p.detach().cpu().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("flagos", init_scale=1024.0)
+    x, target = torch.randn(8, 16, device="flagos"), torch.randn(8, 4, device="flagos")
+    for _ in range(3):
+        opt.zero_grad()
+        with torch.autocast("flagos", dtype=torch.bfloat16):
+            loss = F.mse_loss(model(x).float(), target)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert scaler.get_scale() == 1024.0  # no inf/nan: scale kept
+    for b, p in zip(before, model.parameters()):
+        assert p.device.type == "flagos"
+        assert not torch.equal(p.detach().cpu(), b)
+
+
+def test_grad_scaler_unscaled_gradients_match_plain_backward():
+    model = make_mlp().to("flagos")
+    ref = copy.deepcopy(model)
+    x, target = torch.randn(8, 16, device="flagos"), torch.randn(8, 4, device="flagos")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("flagos", init_scale=256.0)
+    scaler.scale(F.mse_loss(model(x), target)).backward()
+    scaler.unscale_(opt)
+    F.mse_loss(ref(x), target).backward()
+    for p, r in zip(model.parameters(), ref.parameters()):
+        close(p.grad, r.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_scaler_skips_step_and_backs_off_on_inf():
+    model = nn.Linear(4, 2).to("flagos")
+    before = [p.detach().cpu().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("flagos", init_scale=128.0)
+    loss = model(torch.randn(3, 4, device="flagos")).sum()
+    scaler.scale(loss).backward()
+    model.weight.grad[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 64.0
+    for b, p in zip(before, model.parameters()):
+        assert torch.equal(p.detach().cpu(), b)

@@ -1,0 +1,357 @@
+"""The flagos caching allocator: statistics, caching, OOM, pinned host memory."""
+
+import gc
+
+import pytest
+import torch
+
+MiB = 1 << 20
+
+# The OOM child process starts with the first test of this module and runs
+# alongside the in-process tests.
+pytestmark = pytest.mark.usefixtures("oom_run")
+
+
+def allocated(device=None):
+    return torch.flagos.memory_allocated(device)
+
+
+def nbytes(t):
+    return t.numel() * t.element_size()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test starts with no cached blocks, so that its byte counts are exact."""
+    torch.flagos.empty_cache()
+    yield
+
+
+def live_blocks(device=None):
+    return torch.flagos.memory_stats(device)["allocation.all.current"]
+
+
+# ---------------------------------------------------------------- subprocesses
+
+OOM_SNIPPET = r"""
+import torch, torch_fl
+MiB = 1 << 20
+assert torch.flagos.mem_get_info()[1] == 64 * MiB, torch.flagos.mem_get_info()
+
+# 1. a plain allocation larger than the device
+try:
+    torch.empty(128 * MiB, dtype=torch.uint8, device="flagos")
+except torch.OutOfMemoryError as e:
+    print("OOM1:", str(e).splitlines()[0])
+else:
+    raise SystemExit("128 MiB on a 64 MiB device did not raise")
+assert torch.flagos.memory_stats()["num_ooms"] >= 1
+
+# 2. the device still works afterwards
+x = torch.randn(1000, device="flagos")
+y = (x * 2 + 1).cpu()
+torch.testing.assert_close(y, x.cpu() * 2 + 1)
+del x, y
+big = torch.empty(32 * MiB, dtype=torch.uint8, device="flagos")
+big.fill_(3)
+assert int(big[-1]) == 3
+del big
+print("RECOVERED")
+
+# 3. an op whose *result* does not fit raises OOM too, not a crash
+x = torch.ones(40 * MiB // 4, device="flagos")
+try:
+    x + 1
+except torch.OutOfMemoryError as e:
+    print("OOM2:", str(e).splitlines()[0])
+else:
+    raise SystemExit("a 40 MiB result next to a 40 MiB input fit in 64 MiB")
+assert float(x[0]) == 1.0
+del x
+torch.flagos.empty_cache()
+
+# 4. cached blocks are released and the allocation retried before OOM
+a = torch.empty(40 * MiB, dtype=torch.uint8, device="flagos")
+del a  # cached, still reserved
+assert torch.flagos.memory_reserved() >= 40 * MiB
+before = torch.flagos.memory_stats()["num_alloc_retries"]
+b = torch.empty(50 * MiB, dtype=torch.uint8, device="flagos")
+assert torch.flagos.memory_stats()["num_alloc_retries"] == before + 1
+del b
+print("RETRIED")
+
+# 5. each device has its own capacity
+c0 = torch.empty(48 * MiB, dtype=torch.uint8, device="flagos:0")
+c1 = torch.empty(48 * MiB, dtype=torch.uint8, device="flagos:1")
+print("PER_DEVICE_OK")
+"""
+
+
+@pytest.fixture(scope="module")
+def oom_run(start_py):
+    proc = start_py(OOM_SNIPPET, env={"FLAGOS_HOST_MEMORY_LIMIT": "64MiB",
+                                      "FLAGOS_ACCELERATOR": "host"})
+    return proc
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_memory_allocated_grows_and_falls_back():
+    base = allocated()
+    t = torch.empty(256 * 1024, device="flagos")  # 1 MiB
+    grown = allocated() - base
+    assert grown >= nbytes(t)
+    assert grown < nbytes(t) + 64 * 1024  # rounding, not waste
+    del t
+    assert allocated() == base
+
+
+def test_memory_allocated_counts_per_device():
+    base0, base1 = allocated(0), allocated(1)
+    t = torch.randn(1000, device="flagos:1")
+    assert allocated(1) - base1 >= nbytes(t)
+    assert allocated(0) == base0
+    assert allocated("flagos:1") == allocated(1)
+    del t
+    assert allocated(1) == base1
+
+
+def test_op_results_are_counted_as_flagos_memory():
+    x = torch.randn(512, 512, device="flagos")
+    base = allocated()
+    y = x + 1
+    assert allocated() - base >= nbytes(y)
+    z = x @ x
+    assert allocated() - base >= nbytes(y) + nbytes(z)
+    s = torch.sort(x, dim=1)
+    assert allocated() - base >= nbytes(y) + nbytes(z) + nbytes(s.values) + nbytes(s.indices)
+    del y, z, s
+    assert allocated() == base
+
+
+def test_resized_out_tensor_memory_is_tracked():
+    x = torch.randn(1000, device="flagos")
+    base = allocated()
+    out = torch.empty(0, device="flagos")
+    torch.mul(x, 2.0, out=out)
+    assert allocated() - base >= nbytes(out)
+    del out
+    assert allocated() == base
+
+
+def test_repeated_work_does_not_leak():
+    x = torch.randn(64, 64, device="flagos")
+    mask = x > 0
+
+    def work():
+        y = x @ x.t()
+        out = torch.empty(0, device="flagos")
+        torch.add(y, 1, out=out)
+        z = x[mask].sum() + x.sort(0).values.cumsum(1)[3, 4]
+        w = x.clone()
+        w[mask] = 0
+        w.resize_(100, 100)
+        return z.item() + out.sum().item() + w[0, 0].item()
+
+    work()
+    gc.collect()
+    blocks = live_blocks()
+    torch.flagos.empty_cache()
+    reserved = torch.flagos.memory_reserved()
+    for _ in range(10):
+        work()
+    gc.collect()
+    assert live_blocks() == blocks
+    torch.flagos.empty_cache()
+    assert torch.flagos.memory_reserved() == reserved
+
+
+def test_max_memory_allocated_and_reset_peak():
+    torch.flagos.reset_peak_memory_stats()
+    base = allocated()
+    assert torch.flagos.max_memory_allocated() == base
+    t = torch.empty(2 * MiB, dtype=torch.uint8, device="flagos")
+    del t
+    assert torch.flagos.max_memory_allocated() >= base + 2 * MiB
+    assert allocated() == base
+    torch.flagos.reset_peak_memory_stats()
+    assert torch.flagos.max_memory_allocated() == base
+
+
+def test_memory_reserved_at_least_allocated():
+    t = torch.randn(100_000, device="flagos")
+    assert torch.flagos.memory_reserved() >= torch.flagos.memory_allocated() > 0
+    assert torch.flagos.max_memory_reserved() >= torch.flagos.memory_reserved()
+    del t
+
+
+def test_freed_memory_is_cached_and_reused():
+    t = torch.empty(3 * MiB, dtype=torch.uint8, device="flagos")
+    ptr = t.data_ptr()
+    reserved = torch.flagos.memory_reserved()
+    del t
+    assert torch.flagos.memory_reserved() == reserved  # cached, not returned
+    u = torch.empty(3 * MiB, dtype=torch.uint8, device="flagos")
+    assert u.data_ptr() == ptr
+    assert torch.flagos.memory_reserved() == reserved
+
+
+def test_empty_cache_lowers_memory_reserved():
+    t = torch.empty(8 * MiB, dtype=torch.uint8, device="flagos")
+    del t
+    before = torch.flagos.memory_reserved()
+    torch.flagos.empty_cache()
+    after = torch.flagos.memory_reserved()
+    assert after <= before - 8 * MiB
+    assert after >= torch.flagos.memory_allocated()
+
+
+def test_memory_stats_keys_and_consistency():
+    before = torch.flagos.memory_stats()
+    t = torch.randn(1000, device="flagos")
+    stats = torch.flagos.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "active_bytes.all.current",
+                "requested_bytes.all.current", "allocation.all.current",
+                "segment.all.current", "allocated_bytes.small_pool.current",
+                "allocated_bytes.large_pool.current", "num_ooms", "num_alloc_retries"):
+        assert key in stats, key
+    assert list(stats) == sorted(stats)
+    assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated()
+    assert stats["allocated_bytes.all.current"] == (
+        stats["allocated_bytes.small_pool.current"] + stats["allocated_bytes.large_pool.current"])
+
+    def delta(key):
+        return stats[key] - before[key]
+
+    assert delta("requested_bytes.all.current") == nbytes(t)
+    assert delta("allocated_bytes.all.current") >= nbytes(t)
+    assert delta("allocated_bytes.small_pool.current") == delta("allocated_bytes.all.current")
+    assert delta("allocation.all.current") == 1
+    assert delta("active_bytes.all.current") == delta("allocated_bytes.all.current")
+    del t
+
+
+def test_memory_allocated_is_exact_when_a_larger_cached_block_is_reused():
+    base = allocated()
+    a = torch.empty(4096, dtype=torch.uint8, device="flagos")
+    ptr = a.data_ptr()
+    del a  # cached: a 4096-byte block
+    b = torch.empty(3584, dtype=torch.uint8, device="flagos")
+    assert b.data_ptr() == ptr  # served from the cache
+    held = allocated() - base
+    del b
+    assert allocated() == base  # falls back exactly...
+    assert held >= 3584  # ...after counting what the tensor holds
+    stats = torch.flagos.memory_stats()
+    assert stats["allocated_bytes.all.current"] >= 0
+    assert stats["requested_bytes.all.current"] <= stats["allocated_bytes.all.current"]
+
+
+def test_reset_accumulated_memory_stats():
+    t = torch.randn(10, device="flagos")
+    del t
+    torch.flagos.reset_accumulated_memory_stats()
+    stats = torch.flagos.memory_stats()
+    assert stats["allocation.all.allocated"] == 0
+    assert stats["allocation.all.freed"] == 0
+    torch.randn(10, device="flagos")
+    assert torch.flagos.memory_stats()["allocation.all.allocated"] >= 1
+
+
+def test_accelerator_memory_api_agrees():
+    t = torch.randn(50_000, device="flagos:1")
+    assert torch.accelerator.memory_allocated(1) == torch.flagos.memory_allocated(1)
+    assert torch.accelerator.memory_allocated(0) == torch.flagos.memory_allocated(0)
+    assert torch.accelerator.memory_reserved(1) == torch.flagos.memory_reserved(1)
+    assert torch.accelerator.max_memory_allocated(1) == torch.flagos.max_memory_allocated(1)
+    stats = torch.accelerator.memory_stats(1)
+    assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated(1)
+    del t
+
+
+def test_mem_get_info_reports_free_and_total():
+    free, total = torch.flagos.mem_get_info()
+    assert 0 < free <= total
+    t = torch.empty(4 * MiB, dtype=torch.uint8, device="flagos")
+    free2, total2 = torch.flagos.mem_get_info()
+    assert total2 == total
+    assert free2 <= free
+    del t
+
+
+def test_memory_functions_reject_bad_device():
+    with pytest.raises(IndexError, match="0..1"):
+        torch.flagos.memory_allocated(4)
+    with pytest.raises(ValueError):
+        torch.flagos.memory_allocated("cpu")
+
+
+# ---------------------------------------------------------------- OOM (subprocess)
+
+
+def test_oom_raises_out_of_memory_error_naming_size_and_free(oom_run):
+    rc, out, err = oom_run.result()
+    assert "OOM1:" in out, (rc, out, err)
+    line = next(line for line in out.splitlines() if line.startswith("OOM1:"))
+    assert "128.00 MiB" in line
+    assert "free" in line
+    assert "FLAGOS_HOST_MEMORY_LIMIT" in line
+
+
+def test_device_still_works_after_oom(oom_run):
+    rc, out, err = oom_run.result()
+    assert "RECOVERED" in out, (rc, out, err)
+
+
+def test_oom_in_op_result_raises_out_of_memory_error(oom_run):
+    rc, out, err = oom_run.result()
+    assert "OOM2:" in out, (rc, out, err)
+    assert "free" in out.split("OOM2:")[1].splitlines()[0]
+
+
+def test_cache_is_released_and_allocation_retried_before_oom(oom_run):
+    rc, out, err = oom_run.result()
+    assert "RETRIED" in out, (rc, out, err)
+
+
+def test_memory_limit_applies_per_device(oom_run):
+    rc, out, err = oom_run.result()
+    assert rc == 0, err
+    assert "PER_DEVICE_OK" in out
+
+
+# ---------------------------------------------------------------- pinned memory
+
+
+def test_pin_memory_marks_tensor_pinned():
+    src = torch.randn(4)
+    assert not src.is_pinned()
+    pinned = src.pin_memory()
+    assert pinned.is_pinned()
+    assert pinned.device.type == "cpu"
+    assert torch.equal(pinned, src)
+    assert pinned[2:].is_pinned()  # pointers inside the block count too
+    assert torch.empty(16, pin_memory=True).is_pinned()
+
+
+def test_pinned_memory_is_freed_and_forgotten():
+    pinned = torch.randn(1024).pin_memory()
+    copy = pinned.clone()
+    assert not copy.is_pinned()
+    del pinned
+
+
+def test_non_blocking_copy_from_pinned_to_flagos():
+    src = torch.randn(256, 33).pin_memory()
+    dst = src.to("flagos", non_blocking=True)
+    dst1 = src.to("flagos:1", non_blocking=True)
+    torch.flagos.synchronize()
+    torch.flagos.synchronize(1)
+    assert torch.equal(dst.cpu(), src)
+    assert torch.equal(dst1.cpu(), src)
+    back = torch.empty(256, 33).pin_memory()
+    back.copy_(dst, non_blocking=True)
+    torch.flagos.synchronize()
+    assert torch.equal(back, src)

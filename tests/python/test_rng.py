@@ -1,0 +1,310 @@
+"""Random number generation on flagos: seeding, state, per-device and explicit generators."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+@pytest.fixture(autouse=True)
+def restore_rng_and_device():
+    states = torch.flagos.get_rng_state_all()
+    device = torch.flagos.current_device()
+    yield
+    torch.flagos.set_device(device)
+    torch.flagos.set_rng_state_all(states)
+
+
+def draw(device="flagos", n=64):
+    return torch.randn(n, device=device).cpu()
+
+
+def test_torch_manual_seed_makes_draws_reproducible():
+    torch.manual_seed(1234)
+    a = draw()
+    b = torch.rand(10, device="flagos").cpu()
+    torch.manual_seed(1234)
+    assert torch.equal(draw(), a)
+    assert torch.equal(torch.rand(10, device="flagos").cpu(), b)
+
+
+def test_torch_manual_seed_seeds_every_flagos_device():
+    torch.manual_seed(99)
+    a0, a1 = draw("flagos:0"), draw("flagos:1")
+    torch.manual_seed(99)
+    assert torch.equal(draw("flagos:1"), a1)
+    assert torch.equal(draw("flagos:0"), a0)
+
+
+def test_flagos_manual_seed_makes_draws_reproducible():
+    torch.flagos.manual_seed(7)
+    a = draw()
+    torch.flagos.manual_seed(7)
+    assert torch.equal(draw(), a)
+    torch.flagos.manual_seed_all(11)
+    b0, b1 = draw("flagos:0"), draw("flagos:1")
+    torch.flagos.manual_seed_all(11)
+    assert torch.equal(draw("flagos:0"), b0)
+    assert torch.equal(draw("flagos:1"), b1)
+
+
+def test_flagos_manual_seed_only_seeds_current_device():
+    torch.flagos.manual_seed_all(5)
+    first1 = draw("flagos:1")
+    torch.flagos.manual_seed_all(5)
+    torch.flagos.manual_seed(6)  # current device (0) only
+    assert torch.equal(draw("flagos:1"), first1)
+
+
+def test_different_seeds_give_different_draws():
+    torch.manual_seed(1)
+    a = draw()
+    torch.manual_seed(2)
+    b = draw()
+    assert not torch.equal(a, b)
+
+
+def test_consecutive_draws_differ():
+    torch.manual_seed(3)
+    assert not torch.equal(draw(), draw())
+
+
+def test_rng_state_round_trip_reproduces_draws():
+    torch.manual_seed(42)
+    draw()  # advance somewhere non-trivial
+    state = torch.flagos.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = draw()
+    u = torch.empty(32, device="flagos").uniform_().cpu()
+    torch.flagos.set_rng_state(state)
+    assert torch.equal(draw(), a)
+    assert torch.equal(torch.empty(32, device="flagos").uniform_().cpu(), u)
+
+
+def test_get_rng_state_returns_a_snapshot():
+    state = torch.flagos.get_rng_state()
+    copy = state.clone()
+    draw()
+    assert torch.equal(state, copy)
+
+
+def test_rng_state_of_device_1_round_trips():
+    state1 = torch.flagos.get_rng_state("flagos:1")
+    a = draw("flagos:1")
+    torch.flagos.set_rng_state(state1, "flagos:1")
+    assert torch.equal(draw("flagos:1"), a)
+
+
+def test_rng_state_all_round_trip():
+    states = torch.flagos.get_rng_state_all()
+    assert len(states) == 2
+    a0, a1 = draw("flagos:0"), draw("flagos:1")
+    torch.flagos.set_rng_state_all(states)
+    assert torch.equal(draw("flagos:0"), a0)
+    assert torch.equal(draw("flagos:1"), a1)
+
+
+def test_per_device_generators_are_independent():
+    torch.flagos.manual_seed_all(21)
+    ref1 = draw("flagos:1")
+    torch.flagos.manual_seed_all(21)
+    for _ in range(3):
+        draw("flagos:0")  # advancing device 0 ...
+    assert torch.equal(draw("flagos:1"), ref1)  # ... leaves device 1 alone
+    g0, g1 = torch.flagos.default_generators
+    assert g0.device == torch.device("flagos", 0)
+    assert g1.device == torch.device("flagos", 1)
+
+
+def test_flagos_rng_independent_of_cpu_rng():
+    torch.manual_seed(8)
+    ref = draw()
+    torch.manual_seed(8)
+    torch.randn(1000)  # CPU draws must not advance the flagos generator
+    assert torch.equal(draw(), ref)
+
+
+def test_fork_rng_restores_flagos_state():
+    torch.manual_seed(17)
+    with torch.random.fork_rng(devices=range(torch.flagos.device_count()), device_type="flagos"):
+        draw()
+        draw()
+    after = draw()
+    torch.manual_seed(17)
+    assert torch.equal(draw(), after)
+
+
+def test_explicit_generator_with_randn_and_normal():
+    g = torch.Generator(device="flagos")
+    assert g.device == torch.device("flagos", 0)
+    g.manual_seed(2024)
+    a = torch.randn(50, device="flagos", generator=g).cpu()
+    b = torch.empty(50, device="flagos").normal_(3.0, 0.5, generator=g).cpu()
+    g.manual_seed(2024)
+    assert torch.equal(torch.randn(50, device="flagos", generator=g).cpu(), a)
+    assert torch.equal(torch.empty(50, device="flagos").normal_(3.0, 0.5, generator=g).cpu(), b)
+    assert abs(b.mean().item() - 3.0) < 0.5
+
+
+def test_explicit_generator_does_not_touch_default_generator():
+    torch.manual_seed(5)
+    ref = draw()
+    torch.manual_seed(5)
+    g = torch.Generator(device="flagos").manual_seed(1)
+    torch.randn(100, device="flagos", generator=g)
+    assert torch.equal(draw(), ref)
+
+
+def test_explicit_generator_for_device_1():
+    g = torch.Generator(device="flagos:1").manual_seed(3)
+    t = torch.rand(10, device="flagos:1", generator=g)
+    assert t.device == torch.device("flagos", 1)
+    g.manual_seed(3)
+    assert torch.equal(torch.rand(10, device="flagos:1", generator=g).cpu(), t.cpu())
+
+
+def test_generator_state_round_trip():
+    g = torch.Generator(device="flagos").manual_seed(77)
+    torch.randn(5, device="flagos", generator=g)
+    s = g.get_state()
+    a = torch.randn(8, device="flagos", generator=g).cpu()
+    g.set_state(s)
+    assert torch.equal(torch.randn(8, device="flagos", generator=g).cpu(), a)
+    clone = torch.Generator(device="flagos")
+    clone.set_state(s)
+    assert torch.equal(torch.randn(8, device="flagos", generator=clone).cpu(), a)
+
+
+def test_generator_drives_bernoulli_dropout_mask():
+    g = torch.Generator(device="flagos")
+    g.manual_seed(10)
+    m1 = torch.empty(200, device="flagos").bernoulli_(0.5, generator=g).cpu()
+    g.manual_seed(10)
+    m2 = torch.empty(200, device="flagos").bernoulli_(0.5, generator=g).cpu()
+    assert torch.equal(m1, m2)
+    assert 40 < m1.sum().item() < 160
+    g.manual_seed(11)
+    assert not torch.equal(torch.empty(200, device="flagos").bernoulli_(0.5, generator=g).cpu(), m1)
+
+
+def _dropout_is_well_formed(x, d, p):
+    kept = d != 0
+    assert 0 < kept.sum() < x.numel()
+    torch.testing.assert_close(d[kept], x.cpu()[kept] / (1 - p), rtol=1e-6, atol=1e-6)
+
+
+def test_dropout_is_reproducible_under_torch_manual_seed():
+    x = torch.randn(200, device="flagos") + 5.0  # no zeros in the input
+    torch.manual_seed(10)
+    d1 = F.dropout(x, p=0.3, training=True).cpu()
+    torch.manual_seed(10)
+    d2 = F.dropout(x, p=0.3, training=True).cpu()
+    assert torch.equal(d1, d2)
+    _dropout_is_well_formed(x, d1, 0.3)
+
+
+def test_dropout_follows_the_flagos_generator():
+    x = torch.randn(200, device="flagos") + 5.0
+    torch.flagos.manual_seed(10)
+    d1 = F.dropout(x, p=0.3, training=True).cpu()
+    torch.randn(10)  # unrelated CPU draws in between must not matter
+    torch.flagos.manual_seed(10)
+    d2 = F.dropout(x, p=0.3, training=True).cpu()
+    _dropout_is_well_formed(x, d1, 0.3)
+    assert torch.equal(d1, d2)
+    # and dropout on flagos advances the flagos generator, not the CPU one
+    flagos_state, cpu_state = torch.flagos.get_rng_state(), torch.get_rng_state()
+    torch.nn.Dropout(0.5)(x)
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    assert not torch.equal(torch.flagos.get_rng_state(), flagos_state)
+
+
+def test_generator_for_randperm_and_multinomial():
+    g = torch.Generator(device="flagos").manual_seed(0)
+    p = torch.randperm(20, device="flagos", generator=g).cpu()
+    assert sorted(p.tolist()) == list(range(20))
+    probs = torch.rand(5, device="flagos") + 0.1
+    g.manual_seed(0)
+    s1 = torch.multinomial(probs, 50, replacement=True, generator=g).cpu()
+    g.manual_seed(0)
+    s2 = torch.multinomial(probs, 50, replacement=True, generator=g).cpu()
+    assert torch.equal(s1, s2)
+
+
+def test_initial_seed_reports_manual_seed():
+    torch.flagos.manual_seed(31337)
+    assert torch.flagos.initial_seed() == 31337
+    torch.manual_seed(4242)
+    assert torch.flagos.initial_seed() == 4242
+    torch.flagos.set_device(1)
+    assert torch.flagos.initial_seed() == 4242
+
+
+def test_seed_picks_a_fresh_random_seed():
+    torch.flagos.manual_seed(1)
+    torch.flagos.seed()
+    s1 = torch.flagos.initial_seed()
+    torch.flagos.seed()
+    s2 = torch.flagos.initial_seed()
+    assert s1 != 1 or s2 != 1
+    assert s1 != s2
+    # draws follow the new seed
+    a = draw()
+    torch.flagos.manual_seed(s2)
+    assert torch.equal(draw(), a)
+
+
+def test_seed_all_seeds_every_device_alike():
+    torch.flagos.seed_all()
+    a0, a1 = draw("flagos:0"), draw("flagos:1")
+    assert torch.equal(a0, a1)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_set_rng_state_with_float_tensor_raises_type_error():
+    state = torch.flagos.get_rng_state()
+    with pytest.raises(TypeError, match="uint8"):
+        torch.flagos.set_rng_state(state.float())
+
+
+def test_set_rng_state_with_wrong_size_raises_value_error():
+    state = torch.flagos.get_rng_state()
+    with pytest.raises(ValueError, match=rf"{state.numel() - 8}.*{state.numel()}"):
+        torch.flagos.set_rng_state(state[:-8])
+    with pytest.raises(ValueError, match="bytes"):
+        torch.flagos.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_set_rng_state_with_non_tensor_raises_type_error():
+    with pytest.raises(TypeError, match="list"):
+        torch.flagos.set_rng_state([1, 2, 3])
+    with pytest.raises(TypeError):
+        torch.flagos.set_rng_state(None)
+
+
+def test_set_rng_state_with_flagos_tensor_raises_naming_cpu():
+    state = torch.flagos.get_rng_state()
+    with pytest.raises(RuntimeError, match="CPU"):
+        torch.flagos.set_rng_state(state.to("flagos"))
+
+
+def test_failed_set_rng_state_leaves_state_unchanged():
+    state = torch.flagos.get_rng_state()
+    for bad in (state.float(), state[:-1], [0]):
+        with pytest.raises((TypeError, ValueError)):
+            torch.flagos.set_rng_state(bad)
+    assert torch.equal(torch.flagos.get_rng_state(), state)
+
+
+def test_generator_set_state_with_bad_tensor_raises():
+    g = torch.Generator(device="flagos")
+    with pytest.raises(TypeError):
+        g.set_state(torch.zeros(10))
+    with pytest.raises(ValueError):
+        g.set_state(torch.zeros(10, dtype=torch.uint8))
+
+
+def test_generator_on_out_of_range_device_raises():
+    with pytest.raises((IndexError, RuntimeError), match="0..1"):
+        torch.Generator(device="flagos:5")

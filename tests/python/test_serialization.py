@@ -1,0 +1,155 @@
+"""torch.save / torch.load of flagos tensors and module state."""
+
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+DEV = torch.device("flagos", 0)
+DEV1 = torch.device("flagos", 1)
+
+
+def save_to_bytes(obj) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize("device", ["flagos:0", "flagos:1"])
+def test_load_without_map_location_restores_the_saved_device(device):
+    ref = torch.randn(4, 7)
+    t = ref.to(device)
+    loaded = torch.load(save_to_bytes(t))
+    assert loaded.device == torch.device(device)
+    assert torch.equal(loaded.cpu(), ref)
+    # a real copy, not the same memory
+    assert loaded.data_ptr() != t.data_ptr()
+
+
+def test_save_load_to_file(tmp_path):
+    ref = torch.randn(3, 3, dtype=torch.float64)
+    path = tmp_path / "t.pt"
+    torch.save(ref.to("flagos:1"), path)
+    loaded = torch.load(path)
+    assert loaded.device == DEV1
+    assert loaded.dtype == torch.float64
+    assert torch.equal(loaded.cpu(), ref)
+
+
+def test_save_load_preserves_view_sharing_and_strides():
+    base_ref = torch.randn(6, 4)
+    base = base_ref.to("flagos")
+    obj = {"base": base, "t": base.t(), "row": base[2], "ints": torch.arange(5).to("flagos")}
+    loaded = torch.load(save_to_bytes(obj))
+    assert loaded["t"].stride() == (1, 4)
+    assert all(v.device == DEV for v in loaded.values())
+    assert torch.equal(loaded["base"].cpu(), base_ref)
+    assert torch.equal(loaded["t"].cpu(), base_ref.t())
+    assert torch.equal(loaded["row"].cpu(), base_ref[2])
+    assert torch.equal(loaded["ints"].cpu(), torch.arange(5))
+    # views of one storage are saved once and still alias after loading
+    loaded["base"][2].fill_(9.0)
+    assert torch.all(loaded["row"].cpu() == 9.0)
+    assert torch.all(loaded["t"][:, 2].cpu() == 9.0)
+
+
+def test_save_load_mixed_cpu_and_flagos_devices():
+    a, b, c = torch.randn(2), torch.randn(3), torch.randn(4)
+    obj = [a, b.to("flagos:0"), c.to("flagos:1")]
+    loaded = torch.load(save_to_bytes(obj))
+    assert [t.device for t in loaded] == [torch.device("cpu"), DEV, DEV1]
+    for t, ref in zip(loaded, (a, b, c)):
+        assert torch.equal(t.cpu(), ref)
+
+
+def test_map_location_cpu():
+    ref = torch.randn(5, 2)
+    loaded = torch.load(save_to_bytes(ref.to("flagos:1")), map_location="cpu")
+    assert loaded.device == torch.device("cpu")
+    assert torch.equal(loaded, ref)
+
+
+def test_map_location_flagos_1_from_flagos_0_and_cpu():
+    ref = torch.randn(5, 2)
+    for source in (ref.to("flagos:0"), ref):
+        loaded = torch.load(save_to_bytes(source), map_location="flagos:1")
+        assert loaded.device == DEV1
+        assert torch.equal(loaded.cpu(), ref)
+
+
+def test_map_location_torch_device_and_dict():
+    ref = torch.randn(3)
+    loaded = torch.load(save_to_bytes(ref.to("flagos:0")), map_location=torch.device("flagos", 1))
+    assert loaded.device == DEV1
+    assert torch.equal(loaded.cpu(), ref)
+    loaded = torch.load(save_to_bytes(ref.to("flagos:1")), map_location={"flagos:1": "flagos:0"})
+    assert loaded.device == DEV
+    assert torch.equal(loaded.cpu(), ref)
+
+
+def test_map_location_lambda_keeping_storage_on_cpu():
+    ref = torch.randn(4)
+    seen = []
+
+    def keep(storage, location):
+        seen.append(location)
+        return storage
+
+    loaded = torch.load(save_to_bytes(ref.to("flagos:1")), map_location=keep)
+    assert seen == ["flagos:1"]
+    assert loaded.device == torch.device("cpu")
+    assert torch.equal(loaded, ref)
+
+
+def test_map_location_lambda_moving_to_flagos():
+    ref = torch.randn(4, 4)
+    loaded = torch.load(
+        save_to_bytes(ref), map_location=lambda storage, loc: storage.flagos(1)
+    )
+    assert loaded.device == DEV1
+    assert torch.equal(loaded.cpu(), ref)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_state_dict_round_trip_to_file(tmp_path):
+    model = _mlp()
+    model(torch.randn(16, 5))  # non-trivial BatchNorm running stats
+    model = model.to("flagos")
+    path = tmp_path / "state.pt"
+    torch.save(model.state_dict(), path)
+
+    loaded = torch.load(path)
+    for key, value in model.state_dict().items():
+        assert loaded[key].device == DEV, key
+        assert loaded[key].dtype == value.dtype, key
+        assert torch.equal(loaded[key].cpu(), value.cpu()), key
+
+    # into a fresh CPU model via map_location, then both models agree
+    fresh = _mlp()
+    fresh.load_state_dict(torch.load(path, map_location="cpu"))
+    fresh.eval()
+    model.eval()
+    x = torch.randn(6, 5)
+    torch.testing.assert_close(model(x.to("flagos")).cpu(), fresh(x), rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_round_trip_bytes_into_flagos_model():
+    src = _mlp().to("flagos:1")
+    buf = save_to_bytes(src.state_dict())
+    dst = _mlp().to("flagos:0")
+    dst.load_state_dict(torch.load(buf, map_location="flagos:0"))
+    for (k, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert b.device == DEV, k
+        assert torch.equal(a.cpu(), b.cpu()), k
+
+
+def test_weights_only_load_of_flagos_tensors():
+    ref = torch.randn(3, 2)
+    loaded = torch.load(save_to_bytes({"w": ref.to("flagos:1")}), weights_only=True)
+    assert loaded["w"].device == DEV1
+    assert torch.equal(loaded["w"].cpu(), ref)
