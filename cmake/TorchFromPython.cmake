@@ -5,7 +5,7 @@
 
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
-    "import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+    "import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
@@ -15,7 +15,12 @@ string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_DIR)
 list(GET _torch_info 1 TORCH_CXX11_ABI)
 list(GET _torch_info 2 TORCH_VERSION_STRING)
-message(STATUS "torch ${TORCH_VERSION_STRING} at ${TORCH_DIR}")
+list(LENGTH _torch_info _n)
+set(TORCH_CUDA_VERSION "")
+if(_n GREATER 3)
+  list(GET _torch_info 3 TORCH_CUDA_VERSION)
+endif()
+message(STATUS "torch ${TORCH_VERSION_STRING} at ${TORCH_DIR} (CUDA: ${TORCH_CUDA_VERSION})")
 
 add_library(torch_cpu_libs INTERFACE)
 target_include_directories(torch_cpu_libs SYSTEM INTERFACE
@@ -29,3 +34,7 @@ target_link_libraries(torch_cpu_libs INTERFACE c10 torch_cpu torch)
 add_library(torch_python_libs INTERFACE)
 target_link_libraries(torch_python_libs INTERFACE torch_python)
 target_compile_definitions(torch_python_libs INTERFACE TORCH_EXTENSION_NAME=_C)
+
+# CUDA: torch's CUDA libraries for the cuda driver (see CMakeLists.txt).
+add_library(torch_cuda_libs INTERFACE)
+target_link_libraries(torch_cuda_libs INTERFACE c10_cuda torch_cuda)

@@ -12,6 +12,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "aten/native_view.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -143,13 +144,9 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  auto device = self.device().index();
-  auto host = at::empty({}, self.options().device(c10::kCPU));
-  runtime::driver().copy(host.mutable_data_ptr(), self.const_data_ptr(),
-                         self.dtype().itemsize(), hal::CopyKind::kDeviceToHost,
-                         runtime::stream_handle(runtime::current_stream(device)),
-                         /*async=*/false);
-  return host.item();
+  // The native device's item() knows how to wait for the current stream.
+  NativeViews views;
+  return views.to_native(self).item();
 }
 
 void record_stream(at::Tensor& self, c10::Stream stream) {

@@ -7,12 +7,17 @@
 // a structured operator (add.Tensor, mul_, ...) reaches a backend without a
 // kernel of its own through a generated CompositeExplicitAutogradNonFunctional
 // kernel that runs the meta function, allocates the output with empty() and
-// dispatches the .out overload: two shape inferences and two dispatches. Where
-// the native device has a kernel for the overload itself, that overload is
-// registered to this same boxed kernel (register_direct_routes), so it runs
-// once on the native device. Autograd sits above and is unaffected.
+// dispatches the .out overload: two shape inferences and two dispatches. And
+// an operator with both a CompositeExplicitAutograd kernel and a native one
+// (native_layer_norm, addr, ...) would run the decomposition, which differs
+// numerically from the native kernel. Where the native device has a kernel
+// for the overload itself, that overload is registered to this same boxed
+// kernel (register_direct_routes), so it runs once, as on the native device.
+// Autograd sits above and is unaffected.
 
+#include <algorithm>
 #include <mutex>
+#include <string_view>
 
 #include <torch/library.h>
 
@@ -70,6 +75,10 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
 
 }  // namespace
 
+// Composite kernels that refuse devices other than CPU/CUDA/XPU; through the
+// routing path they run on native views, where the check passes.
+constexpr std::string_view kDeviceCheckingComposites[] = {"mode.values"};
+
 void register_direct_routes() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -82,13 +91,18 @@ void register_direct_routes() {
       auto op = dispatcher.findOp(name);
       if (!op || !op->hasSchema()) continue;
       using K = c10::DispatchKey;
-      if (!op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
-          op->hasKernelForDispatchKey(K::PrivateUse1) ||
-          !(op->hasKernelForDispatchKey(K::CPU) || op->hasKernelForDispatchKey(K::CUDA))) {
-        continue;
-      }
       std::string full = name.name.substr(6);
       if (!name.overload_name.empty()) full += "." + name.overload_name;
+      bool composite = op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
+                       op->hasKernelForDispatchKey(K::CompositeExplicitAutograd);
+      bool native = op->hasKernelForDispatchKey(K::CPU) || op->hasKernelForDispatchKey(K::CUDA);
+      bool device_checked = std::find(std::begin(kDeviceCheckingComposites),
+                                      std::end(kDeviceCheckingComposites),
+                                      full) != std::end(kDeviceCheckingComposites);
+      if (op->hasKernelForDispatchKey(K::PrivateUse1) ||
+          !((composite && native) || device_checked)) {
+        continue;
+      }
       lib->impl(full.c_str(),
                 torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
     }

@@ -136,9 +136,19 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   }
   const c10::DataPtr& dp = ns->data_ptr();
   c10::Storage flagos_storage;
-  if (dp.get() == nullptr || runtime::FlagosAllocator::owns(dp)) {
-    // Flagos memory already (allocated in a capturing scope): share it. The
-    // flagos storage keeps the native one alive and frees through it.
+  if (runtime::FlagosAllocator::owns(dp) && native.storage().use_count() == 1) {
+    // Flagos memory already (the host driver's capturing scope, or the CUDA
+    // caching allocator), held by this result alone: the allocation itself
+    // moves to a flagos storage, so it frees (and record_stream works)
+    // exactly as for any flagos tensor.
+    c10::DataPtr moved = ns->set_data_ptr(c10::DataPtr(nullptr, dp.device()));
+    moved.unsafe_set_device(c10::Device(kFlagos, device));
+    flagos_storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), ns->nbytes(), std::move(moved),
+        &runtime::device_allocator(), /*resizable=*/true));
+  } else if (dp.get() == nullptr || runtime::FlagosAllocator::owns(dp)) {
+    // Flagos memory shared with other native tensors: the flagos storage
+    // keeps the native one alive and frees through it.
     c10::raw::intrusive_ptr::incref(ns);
     c10::DataPtr ref(dp.get(), ns, &release_storage_ref,
                      c10::Device(kFlagos, device));

@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
 
@@ -199,6 +200,9 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
   lazy_init();
   TORCH_CHECK_INDEX(device >= 0 && device < device_count(),
                     "flagos allocation on invalid device ", static_cast<int>(device));
+  // The cuda driver's memory is PyTorch's CUDA caching allocator: one pool
+  // for flagos and torch.cuda, and CUDA kernels' outputs are flagos memory.
+  if (uses_cuda()) return cuda::allocate(device, nbytes);
   c10::Device dev(label, label == kFlagos ? device : -1);
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
   const size_t size = round_size(nbytes);
@@ -273,6 +277,7 @@ void FlagosAllocator::copy_data(void* dest, const void* src,
 bool FlagosAllocator::initialized() { return true; }
 
 void FlagosAllocator::emptyCache(c10::MempoolId_t) {
+  if (uses_cuda()) return cuda::empty_cache();
   auto n = device_count();
   for (c10::DeviceIndex i = 0; i < n; ++i) {
     auto& p = pool(i);
@@ -283,6 +288,7 @@ void FlagosAllocator::emptyCache(c10::MempoolId_t) {
 
 void FlagosAllocator::recordStream(const c10::DataPtr& ptr,
                                    c10::Stream stream) {
+  if (uses_cuda()) return cuda::record_stream(ptr, stream);
   // Only flagos-labelled blocks are used on flagos streams.
   if (ptr.get_deleter() != &free_block || stream.device_type() != kFlagos) return;
   auto* b = static_cast<Block*>(ptr.get_context());
@@ -295,6 +301,7 @@ void FlagosAllocator::recordStream(const c10::DataPtr& ptr,
 
 DeviceStats FlagosAllocator::getDeviceStats(c10::DeviceIndex device) {
   device = resolve_device(device);
+  if (uses_cuda()) return cuda::stats(device);
   auto& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mu);
   return p.stats;
@@ -302,6 +309,7 @@ DeviceStats FlagosAllocator::getDeviceStats(c10::DeviceIndex device) {
 
 void FlagosAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   device = resolve_device(device);
+  if (uses_cuda()) return cuda::reset_accumulated(device);
   auto& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mu);
   auto reset = [](auto& arr) {
@@ -322,6 +330,7 @@ void FlagosAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
 
 void FlagosAllocator::resetPeakStats(c10::DeviceIndex device) {
   device = resolve_device(device);
+  if (uses_cuda()) return cuda::reset_peak(device);
   auto& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mu);
   auto reset = [](auto& arr) {
@@ -343,7 +352,8 @@ std::pair<size_t, size_t> FlagosAllocator::getMemoryInfo(
 }
 
 bool FlagosAllocator::owns(const c10::DataPtr& ptr) noexcept {
-  return ptr.get_deleter() == &free_block || ptr.get_deleter() == &free_raw;
+  return ptr.get_deleter() == &free_block || ptr.get_deleter() == &free_raw ||
+         (uses_cuda() && cuda::owns(ptr));
 }
 
 void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
@@ -355,8 +365,8 @@ void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
   size_t keep = std::min(nbytes, storage.nbytes());
   if (keep > 0) {
     driver().copy(fresh.get(), storage.data_ptr().get(), keep,
-                  hal::CopyKind::kDeviceToDevice,
-                  stream_handle(current_stream(device)), /*async=*/false);
+                  hal::CopyKind::kDeviceToDevice, current_stream_handle(device),
+                  /*async=*/false);
   }
   storage.set_data_ptr_noswap(std::move(fresh));
   storage.set_nbytes(nbytes);

@@ -8,6 +8,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 
 namespace torch_fl::runtime {
@@ -15,13 +16,17 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-at::Generator make_native(c10::DeviceIndex /*device*/) {
-  switch (driver().nativeDevice()) {
-    case hal::NativeDevice::kHost:
-      return at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val);
-    default:
-      TORCH_CHECK(false, "no generator for driver '", driver().name(), "'");
-  }
+at::Generator make_native(c10::DeviceIndex device) {
+  if (uses_cuda()) return cuda::new_generator(device);
+  return at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val);
+}
+
+// The default flagos generator of a cuda device wraps CUDA's default
+// generator itself: torch.flagos.manual_seed and torch.cuda.manual_seed then
+// seed the same stream of numbers, and seeded results match CUDA's exactly.
+at::Generator make_default_native(c10::DeviceIndex device) {
+  if (uses_cuda()) return cuda::default_generator(device);
+  return make_native(device);
 }
 
 }  // namespace
@@ -85,7 +90,7 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   static auto* once = new std::array<std::once_flag, kMaxDevices>();
   std::call_once((*once)[device], [device] {
     (*generators)[device] =
-        at::make_generator<FlagosGeneratorImpl>(device, make_native(device));
+        at::make_generator<FlagosGeneratorImpl>(device, make_default_native(device));
   });
   return (*generators)[device];
 }

@@ -1,6 +1,7 @@
 #include "runtime/guard.h"
 
 #include "runtime/allocator.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
 
@@ -10,25 +11,36 @@ using c10::Device;
 using c10::DeviceIndex;
 using c10::Stream;
 
+namespace {
+// On the cuda driver every call goes to PyTorch's CUDA guard (cuda_bridge).
+const c10::impl::DeviceGuardImplInterface* forward() {
+  return uses_cuda() ? &cuda::guard() : nullptr;
+}
+}  // namespace
+
 c10::DeviceType FlagosGuardImpl::type() const { return kFlagos; }
 
 Device FlagosGuardImpl::exchangeDevice(Device d) const {
+  if (auto* f = forward()) return f->exchangeDevice(d);
   auto prev = getDevice();
   if (d.index() != prev.index()) setDevice(d);
   return prev;
 }
 
 Device FlagosGuardImpl::getDevice() const {
+  if (auto* f = forward()) return f->getDevice();
   return Device(kFlagos, current_device());
 }
 
 void FlagosGuardImpl::setDevice(Device d) const {
+  if (auto* f = forward()) return f->setDevice(d);
   TORCH_CHECK(d.type() == kFlagos, "expected a flagos device, got ", d);
   set_device(d.index());
 }
 
 void FlagosGuardImpl::uncheckedSetDevice(Device d) const noexcept {
   try {
+    if (auto* f = forward()) return f->uncheckedSetDevice(d);
     set_device(d.index());
   } catch (...) {
     // The contract forbids throwing; guards restore devices that were valid.
@@ -36,23 +48,28 @@ void FlagosGuardImpl::uncheckedSetDevice(Device d) const noexcept {
 }
 
 Stream FlagosGuardImpl::getStream(Device d) const {
+  if (auto* f = forward()) return f->getStream(d);
   return current_stream(d.index());
 }
 
 Stream FlagosGuardImpl::getDefaultStream(Device d) const {
+  if (auto* f = forward()) return f->getDefaultStream(d);
   return default_stream(d.index());
 }
 
 Stream FlagosGuardImpl::getStreamFromGlobalPool(Device d,
                                                 bool isHighPriority) const {
+  if (auto* f = forward()) return f->getStreamFromGlobalPool(d, isHighPriority);
   return pool_stream(d.index(), isHighPriority);
 }
 
 Stream FlagosGuardImpl::getNewStream(Device d, int priority) const {
+  if (auto* f = forward()) return f->getNewStream(d, priority);
   return new_stream(d.index(), priority);
 }
 
 Stream FlagosGuardImpl::exchangeStream(Stream s) const {
+  if (auto* f = forward()) return f->exchangeStream(s);
   return exchange_stream(s);
 }
 
@@ -60,13 +77,19 @@ DeviceIndex FlagosGuardImpl::deviceCount() const noexcept {
   return device_count();
 }
 
-void FlagosGuardImpl::destroyEvent(void* event, DeviceIndex) const noexcept {
+void FlagosGuardImpl::destroyEvent(void* event, DeviceIndex index) const noexcept {
+  try {
+    if (auto* f = forward()) return f->destroyEvent(event, index);
+  } catch (...) {
+    return;
+  }
   if (event != nullptr) driver().destroyEvent(event);
 }
 
 void FlagosGuardImpl::record(void** event, const Stream& stream,
                              DeviceIndex device_index,
                              c10::EventFlag flag) const {
+  if (auto* f = forward()) return f->record(event, stream, device_index, flag);
   TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
               "event of flagos:", static_cast<int>(device_index),
               " cannot be recorded on a stream of flagos:",
@@ -81,20 +104,24 @@ void FlagosGuardImpl::record(void** event, const Stream& stream,
 }
 
 void FlagosGuardImpl::block(void* event, const Stream& stream) const {
+  if (auto* f = forward()) return f->block(event, stream);
   if (event == nullptr) return;  // never recorded: nothing to wait for
   driver().streamWaitEvent(stream_handle(stream), event);
 }
 
 bool FlagosGuardImpl::queryEvent(void* event) const {
+  if (auto* f = forward()) return f->queryEvent(event);
   return event == nullptr || driver().queryEvent(event);
 }
 
 void FlagosGuardImpl::synchronizeEvent(void* event) const {
+  if (auto* f = forward()) return f->synchronizeEvent(event);
   if (event != nullptr) driver().synchronizeEvent(event);
 }
 
 double FlagosGuardImpl::elapsedTime(void* event1, void* event2,
-                                    DeviceIndex) const {
+                                    DeviceIndex device_index) const {
+  if (auto* f = forward()) return f->elapsedTime(event1, event2, device_index);
   TORCH_CHECK(event1 != nullptr && event2 != nullptr,
               "elapsed_time needs both events to be recorded first");
   try {
@@ -105,19 +132,23 @@ double FlagosGuardImpl::elapsedTime(void* event1, void* event2,
 }
 
 bool FlagosGuardImpl::queryStream(const Stream& stream) const {
+  if (auto* f = forward()) return f->queryStream(stream);
   return driver().queryStream(stream_handle(stream));
 }
 
 void FlagosGuardImpl::synchronizeStream(const Stream& stream) const {
+  if (auto* f = forward()) return f->synchronizeStream(stream);
   driver().synchronizeStream(stream_handle(stream));
 }
 
 void FlagosGuardImpl::synchronizeDevice(DeviceIndex device_index) const {
+  if (auto* f = forward()) return f->synchronizeDevice(device_index);
   driver().synchronizeDevice(resolve_device(device_index));
 }
 
 void FlagosGuardImpl::recordDataPtrOnStream(const c10::DataPtr& data_ptr,
                                             const Stream& stream) const {
+  if (auto* f = forward()) return f->recordDataPtrOnStream(data_ptr, stream);
   device_allocator().recordStream(data_ptr, stream);
 }
 

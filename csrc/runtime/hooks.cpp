@@ -1,6 +1,7 @@
 #include "runtime/hooks.h"
 
 #include "runtime/allocator.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/host_allocator.h"
@@ -29,11 +30,13 @@ at::Device FlagosHooks::getDeviceFromPtr(void* data) const {
 }
 
 bool FlagosHooks::isPinnedPtr(const void* data) const {
-  return is_pinned_ptr(data);
+  return uses_cuda() ? cuda::is_pinned(data) : is_pinned_ptr(data);
 }
 
 at::Allocator* FlagosHooks::getPinnedMemoryAllocator() const {
-  return pinned_host_allocator();
+  // On the cuda driver, pinned means page-locked by CUDA, so that
+  // non_blocking copies really overlap.
+  return uses_cuda() ? cuda::pinned_allocator() : pinned_host_allocator();
 }
 
 bool FlagosHooks::hasPrimaryContext(c10::DeviceIndex device_index) const {

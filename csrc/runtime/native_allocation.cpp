@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "runtime/allocator.h"
+#include "runtime/cuda_bridge.h"
 
 namespace torch_fl::runtime {
 namespace {
@@ -47,7 +48,9 @@ CapturingCpuAllocator* g_wrapper = nullptr;
 
 NativeAllocationScope::NativeAllocationScope(c10::DeviceIndex device) noexcept
     : previous_(tls_scope_device) {
-  tls_scope_device = device;
+  // Only the host driver's native device is the CPU. (On the cuda driver,
+  // CPU allocations inside CUDA kernels are CPU memory and must stay so.)
+  if (!uses_cuda()) tls_scope_device = device;
 }
 
 NativeAllocationScope::~NativeAllocationScope() {
@@ -67,6 +70,7 @@ void install_native_allocation() {
 }
 
 c10::Allocator* native_allocator() {
+  if (uses_cuda()) return cuda::native_allocator();
   return g_wrapper;  // installed at load (below), before any kernel runs
 }
 

@@ -29,8 +29,9 @@ class NativeAllocationScope {
 // Installs the CPU-allocator wrapper (idempotent; done at library load).
 void install_native_allocation();
 
-// The wrapper itself: storages of CPU views use it so that a CPU kernel that
-// grows them (out= resize) allocates flagos memory inside a scope.
+// The allocator for storages of native views: the wrapper on the host driver
+// (a CPU kernel that grows a view's storage, out= resize, then allocates
+// flagos memory inside a scope), CUDA's caching allocator on the cuda driver.
 c10::Allocator* native_allocator();
 
 }  // namespace torch_fl::runtime

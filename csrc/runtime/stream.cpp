@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 
 namespace torch_fl::runtime {
@@ -110,6 +111,15 @@ hal::StreamHandle stream_handle(const c10::Stream& stream) {
   TORCH_CHECK(known && id < kMaxStreams, "unknown flagos stream id ", id,
               " on device ", static_cast<int>(device));
   return handle_for(device, id);
+}
+
+}  // namespace torch_fl::runtime
+
+namespace torch_fl::runtime {
+
+hal::StreamHandle current_stream_handle(c10::DeviceIndex device) {
+  if (uses_cuda()) return cuda::current_stream_handle(device);
+  return stream_handle(current_stream(device));
 }
 
 }  // namespace torch_fl::runtime

@@ -28,5 +28,7 @@ c10::Stream exchange_stream(c10::Stream stream);
 
 // The driver handle behind a flagos stream; throws for an unknown id.
 hal::StreamHandle stream_handle(const c10::Stream& stream);
+// The driver handle of the current stream of `device` (any driver).
+hal::StreamHandle current_stream_handle(c10::DeviceIndex device);
 
 }  // namespace torch_fl::runtime

@@ -7,10 +7,10 @@ its own, with a per-sample report::
 
 What is compared
 ----------------
-For each OpInfo of PyTorch's ``op_db`` whose CPU dtypes include float32, the
-first ``MAX_SAMPLES_PER_OP`` samples of ``op.sample_inputs("cpu",
-torch.float32)`` (generated after ``torch.manual_seed(crc32(op name))``, so
-sample ``i`` of an op is the same tensor in every run) are each
+For each OpInfo of PyTorch's ``op_db`` whose CPU dtypes include float32,
+every sample of ``op.sample_inputs("cpu", torch.float32)`` (optionally only
+the first ``--max-samples``; generated after ``torch.manual_seed(crc32(op
+name))``, so sample ``i`` of an op is the same in every run) is
 
 1. copied to flagos, before anything runs (an op that writes its inputs
    cannot change what the other side sees). The copy keeps each tensor's exact
@@ -18,18 +18,21 @@ sample ``i`` of an op is the same tensor in every run) are each
    storage offset, and aliasing between tensors of one sample (tensors that
    share a CPU storage share one flagos storage). ``torch.device("cpu")`` and
    ``"cpu"`` arguments become flagos, CPU generators flagos ones in the same
-   state;
+   state. Exceptions: arguments PyTorch wants on the CPU whatever the device
+   (``_CPU_ARGS``: tensor_split's indices) stay there;
 2. run on CPU after ``torch.manual_seed(SEED)``; if that raises, the sample
    is a "cpu-skip" and not counted;
 3. run on flagos after the same ``torch.manual_seed(SEED)``. The host driver's
    generator is CPU's mt19937, seeded by ``torch.manual_seed``, so random ops
    (rand*, normal, bernoulli, dropout, multinomial, ...) give the CPU's numbers
-   and are compared in full;
+   and are compared in full. A sample without any tensor (a factory call such
+   as ``arange(3)``) runs under ``torch.device("flagos")``: its CPU run used
+   the default device;
 4. compared: every result tensor must be a flagos tensor with the CPU result's
    dtype, shape and values (``torch.testing.assert_close``, ``equal_nan``,
-   rtol 1.3e-6 / atol 1e-5); non-tensor results with ``==``; and the sample's
-   tensor arguments afterwards (in-place and out= writes must reach the
-   flagos tensors the caller holds).
+   rtol 1.3e-6 / atol 1e-5); non-tensor results with ``==`` (floats with the
+   same tolerances); and the sample's tensor arguments afterwards (in-place
+   and out= writes must reach the flagos tensors the caller holds).
 
 Ops whose output is uninitialised memory (``empty*``: OpInfo's
 ``has_nondeterministic_output``) are compared on shape, dtype and device only
@@ -39,10 +42,12 @@ device) and counted apart.
 
 Crash isolation
 ---------------
-The sweep runs in worker processes (one per CPU core, ops dealt round-robin,
-one intra-op thread each). A sample that kills its worker (a segfault, an
-abort) or runs past ``SAMPLE_TIMEOUT_S`` is a failure of that sample; the
-parent starts a new worker at the next sample.
+Worker processes (one per CPU core, up to 4; ops dealt round-robin; one
+intra-op thread each) import op_db once, without initialising the flagos
+device, and run the ops in a forked child. A sample that kills the child (a
+segfault, an abort) or runs past ``SAMPLE_TIMEOUT_S`` is a failure of that
+sample ("crash: ..." / "timeout: ..."), and a new child goes on at the next
+sample.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ from typing import Any
 DEVICE = "flagos"
 SEED = 1234
 # Optional deterministic cap: the first N samples of each op, in OpInfo's
-# order (None: every sample; the whole sweep takes about a minute).
+# order. None: every sample (the whole sweep takes 20-50 s on 2 cores).
 MAX_SAMPLES_PER_OP = None
 RTOL = 1.3e-6
 ATOL = 1e-5
@@ -112,7 +117,7 @@ class Result:
 
     @property
     def failed_ops(self) -> dict:
-        """op -> its failures, in sweep order."""
+        """op -> its failures."""
         out: dict = {}
         for f in self.failures:
             out.setdefault(f.op, []).append(f)
@@ -376,8 +381,9 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
                     actual = op(f_input, *f_args, **f_kwargs)
             compare(expected, actual, "result", meta_only)
             if not meta_only:
-                compare_args((s.input, s.args, s.kwargs),
-                             (f_input, f_args, f_kwargs), "args")
+                compare_args(s.input, f_input, "input")
+                compare_args(s.args, f_args, "args")
+                compare_args(s.kwargs, f_kwargs, "kwargs")
         except _Mismatch as e:
             return "fail", str(e)
         except Exception as e:  # noqa: BLE001

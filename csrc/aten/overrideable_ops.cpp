@@ -1,0 +1,96 @@
+// Operators PyTorch sends down a special path for backends other than its
+// own, where the boxed routing kernel is never reached:
+//  - convolution: _convolution calls convolution_overrideable (and autograd
+//    convolution_backward_overrideable) for PrivateUse1, and their only
+//    kernels are stubs that throw. Here they run the native device's
+//    convolution over native views.
+//  - scaled_dot_product_attention picks its implementation through
+//    _fused_sdp_choice_stub, a DispatchStub with no PrivateUse1 entry, which
+//    silently means the slow math path. Here it asks the native device.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/native_view.h"
+#include "runtime/cuda_bridge.h"
+#include "runtime/native_allocation.h"
+
+namespace torch_fl::aten {
+namespace {
+
+std::optional<at::Tensor> native_opt(NativeViews& v, const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return t;
+  return v.to_native(*t);
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias,
+                                    c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                    c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  const auto device = input.device().index();
+  c10::DeviceGuard guard(input.device());
+  NativeViews views;
+  at::Tensor out;
+  {
+    runtime::NativeAllocationScope scope(device);
+    out = at::convolution(views.to_native(input), views.to_native(weight),
+                          native_opt(views, bias), stride, padding, dilation,
+                          transposed, output_padding, groups);
+  }
+  return views.to_flagos(out, device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  const auto device = input.device().index();
+  c10::DeviceGuard guard(input.device());
+  NativeViews views;
+  // The bias gradient sums grad_output over every dim but the channel one.
+  std::optional<std::vector<int64_t>> bias_sizes;
+  if (output_mask[2]) bias_sizes = std::vector<int64_t>{grad_output.size(1)};
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> r;
+  {
+    runtime::NativeAllocationScope scope(device);
+    r = at::convolution_backward(
+        views.to_native(grad_output), views.to_native(input), views.to_native(weight),
+        bias_sizes ? at::OptionalIntArrayRef(*bias_sizes) : at::OptionalIntArrayRef(),
+        stride, padding, dilation, transposed, output_padding, groups, output_mask);
+  }
+  return {views.to_flagos(std::get<0>(r), device), views.to_flagos(std::get<1>(r), device),
+          views.to_flagos(std::get<2>(r), device)};
+}
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p,
+                         bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  // On the cuda driver the fused kernels' entry points are CUDA-only ops;
+  // until flagos implements the "overrideable" fused path, math (0) is the
+  // correct choice there.
+  if (runtime::uses_cuda()) return 0;
+  NativeViews views;
+  return at::_fused_sdp_choice(views.to_native(q), views.to_native(k), views.to_native(v),
+                               native_opt(views, mask), dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+}
+
+}  // namespace torch_fl::aten
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_fl::aten::fused_sdp_choice)
+}  // namespace at::native
