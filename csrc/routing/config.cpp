@@ -121,9 +121,15 @@ std::string printable(std::string_view token) {
 }
 
 std::string ConfigError::to_string() const {
-  std::string where = source;
-  if (line > 0) where += ":" + std::to_string(line);
-  return where + ": " + message;
+  // Appended piecewise: GCC 12 misreports operator+ chains here (-Wrestrict).
+  std::string out = source;
+  if (line > 0) {
+    out.push_back(':');
+    out.append(std::to_string(line));
+  }
+  out.append(": ");
+  out.append(message);
+  return out;
 }
 
 std::string closest_match(std::string_view word,
