@@ -25,6 +25,7 @@
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
 #include "routing/table.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 
 namespace torch_fl::aten {
@@ -62,7 +63,14 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, backend);
   }
   switch (backend) {
-    case Backend::kCpu:     // on the host driver, the CPU is the native device
+    case Backend::kCpu:
+      // On the host driver the CPU is the native device: zero-copy.
+      if (runtime::uses_cuda()) {
+        run_cpu_copy(op, plan, stack);
+      } else {
+        run_native(op, plan, stack);
+      }
+      return;
     case Backend::kNative:
     case Backend::kCuda:
       run_native(op, plan, stack);

@@ -160,4 +160,83 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
   }
 }
 
+void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
+                  torch::jit::Stack* stack) {
+  const size_t base = stack->size() - plan.num_arguments;
+  NativeViews views;
+  DeviceOf device{-1, op};
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (flagos, cpu)
+
+  auto to_cpu = [&](const at::Tensor& t, bool is_write) -> at::Tensor {
+    if (!is_flagos(t)) return t;
+    device.see(t.device().index());
+    at::Tensor cpu = views.to_native(t).to(c10::kCPU);
+    if (is_write) written.emplace_back(t, cpu);
+    return cpu;
+  };
+  for (const ArgSlot& slot : plan.slots) {
+    c10::IValue& v = (*stack)[base + slot.index];
+    switch (slot.kind) {
+      case ArgKind::kTensor:
+        if (v.isTensor()) v = to_cpu(v.toTensor(), slot.is_write);
+        break;
+      case ArgKind::kTensorList: {
+        if (!v.isTensorList()) break;
+        c10::List<at::Tensor> out;
+        for (const at::Tensor& t : v.toTensorList()) out.push_back(to_cpu(t, slot.is_write));
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kOptionalTensorList: {
+        if (!v.isOptionalTensorList()) break;
+        c10::List<std::optional<at::Tensor>> out;
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+          out.push_back(t.has_value() ? std::optional<at::Tensor>(to_cpu(*t, slot.is_write))
+                                      : std::nullopt);
+        }
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kDevice:
+        if (v.isDevice() && v.toDevice().type() == kFlagos) {
+          auto d = v.toDevice();
+          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
+          v = c10::IValue(c10::Device(c10::kCPU));
+        }
+        break;
+      case ArgKind::kGenerator:
+        // A flagos generator cannot drive a CPU kernel: CPU's default does.
+        if (v.isGenerator()) v = c10::IValue();
+        break;
+    }
+  }
+  if (device.index == -1) device.index = runtime::current_device();
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  for (auto& [flagos, cpu] : written) {
+    if (flagos.sizes() != cpu.sizes()) flagos.resize_(cpu.sizes());
+    views.to_native(flagos).copy_(cpu);
+  }
+  auto back = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined() || !r.device().is_cpu()) return r;
+    for (auto& [flagos, cpu] : written) {
+      if (cpu.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return flagos;
+    }
+    at::Tensor moved = r.to(c10::Device(NativeViews::native_type(), device.index));
+    return views.to_flagos(moved, device.index);
+  };
+  const size_t ret_base = stack->size() - plan.num_returns;
+  for (size_t i = ret_base; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (r.isTensor()) {
+      r = back(r.toTensor());
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : r.toTensorList()) out.push_back(back(t));
+      r = std::move(out);
+    }
+  }
+}
+
 }  // namespace torch_fl::aten

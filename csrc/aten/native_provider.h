@@ -17,4 +17,12 @@ namespace torch_fl::aten {
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack);
 
+// The `cpu` provider for drivers whose memory is not host memory: arguments
+// are copied to the CPU, PyTorch's CPU kernel runs, written arguments are
+// copied back (resized if the kernel resized them) and results are copied to
+// the device. Results that alias an argument come back as copies: aliasing
+// cannot survive a round trip. Random kernels draw from CPU's generator.
+void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
+                  torch::jit::Stack* stack);
+
 }  // namespace torch_fl::aten

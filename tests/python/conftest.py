@@ -93,3 +93,19 @@ def run_py_fixture():
 def start_py_fixture():
     """The :func:`start_py` helper, as a fixture."""
     return start_py
+
+
+def _on_cuda_driver() -> bool:
+    return torch_fl.driver() == "cuda"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests run only on the cuda driver; `host_only` ones only on the host driver."""
+    on_cuda = _on_cuda_driver()
+    skip_cuda = pytest.mark.skip(reason="needs the cuda driver (an NVIDIA GPU and a CUDA build of torch)")
+    skip_host = pytest.mark.skip(reason="host-driver behaviour (FLAGOS_HOST_* settings, CPU-identical results)")
+    for item in items:
+        if "cuda" in item.keywords and not on_cuda:
+            item.add_marker(skip_cuda)
+        if "host_only" in item.keywords and on_cuda:
+            item.add_marker(skip_host)

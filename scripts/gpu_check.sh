@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call on the GPU machine: build torch_fl against that machine's
+# torch (CUDA), then run the GPU tests and the GPU benchmarks. Logs and JSON
+# go to $OUT (the device tool brings them back). Usage, from the repo root:
+#   bash scripts/gpu_check.sh [tests|bench|all] [extra pytest args]
+# With a .whl/ folder of carried wheels (flag_gems; see docs/gpu.md) they are
+# installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-/tmp/flagos-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PATH=/usr/local/cuda/bin:$PATH
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} GEMS_VENDOR=nvidia
+fi
+{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } 2>&1 | tee "$OUT/env.txt"
+
+start=$(date +%s)
+if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices', torch.flagos.device_count())"
+
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest tests/python -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc
