@@ -29,7 +29,8 @@ python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices'
 
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest tests/python -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
+  [ $# -eq 0 ] && set -- tests/python
+  python3 -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #ifdef FLAGOS_WITH_CUDA
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/PinnedMemoryAllocator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -92,6 +93,8 @@ c10::cuda::CUDACachingAllocator::CUDAAllocator* alloc() {
 
 }  // namespace
 
+void lazy_init() { at::globalContext().lazyInitDevice(c10::kCUDA); }
+
 const c10::impl::DeviceGuardImplInterface& guard() {
   static auto* g = new CudaForwardingGuard();
   return *g;
@@ -145,6 +148,7 @@ namespace {
   TORCH_INTERNAL_ASSERT(false, "torch_fl was built without CUDA");
 }
 }  // namespace
+void lazy_init() { no_cuda(); }
 const c10::impl::DeviceGuardImplInterface& guard() { no_cuda(); }
 c10::DataPtr allocate(c10::DeviceIndex, size_t) { no_cuda(); }
 bool owns(const c10::DataPtr&) { return false; }

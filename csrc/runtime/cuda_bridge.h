@@ -24,6 +24,10 @@ bool uses_cuda();
 
 namespace cuda {
 
+// Initialises PyTorch's CUDA state (allocator, streams) exactly once, shared
+// with torch.cuda's own lazy initialisation.
+void lazy_init();
+
 // A guard that forwards every call to PyTorch's CUDA guard, translating
 // device types both ways.
 const c10::impl::DeviceGuardImplInterface& guard();

@@ -1,5 +1,7 @@
 #include "runtime/device.h"
 
+#include "runtime/cuda_bridge.h"
+
 #include <atomic>
 #include <mutex>
 #include <pthread.h>
@@ -29,6 +31,9 @@ void lazy_init() {
   static std::once_flag once;
   std::call_once(once, [] {
     driver();  // selects and validates the driver; throws on bad config
+    // The cuda driver's memory and streams are PyTorch's CUDA ones: they must
+    // be initialised as torch.cuda would, whichever touches the GPU first.
+    if (uses_cuda()) cuda::lazy_init();
     pthread_atfork(nullptr, nullptr, on_fork_child);
     g_initialized.store(true, std::memory_order_release);
   });
