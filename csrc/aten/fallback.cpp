@@ -87,6 +87,10 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
 // routing path they run on native views, where the check passes.
 constexpr std::string_view kDeviceCheckingComposites[] = {"mode.values"};
 
+void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  flagos_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+}
+
 void register_direct_routes() {
   static std::once_flag once;
   std::call_once(once, [] {

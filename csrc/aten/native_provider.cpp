@@ -214,9 +214,11 @@ void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
+  // Fresh views: a resize below replaces storages the first views point at.
+  NativeViews back_views;
   for (auto& [flagos, cpu] : written) {
     if (flagos.sizes() != cpu.sizes()) flagos.resize_(cpu.sizes());
-    views.to_native(flagos).copy_(cpu);
+    back_views.to_native(flagos).copy_(cpu);
   }
   auto back = [&](const at::Tensor& r) -> at::Tensor {
     if (!r.defined() || !r.device().is_cpu()) return r;

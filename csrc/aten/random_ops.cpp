@@ -9,13 +9,25 @@
 #include <ATen/ops/ones_like.h>
 #include <torch/library.h>
 
+#include "aten/fallback.h"
+#include "runtime/cuda_bridge.h"
+
 namespace torch_fl::aten {
 namespace {
 
 // The algorithm of PyTorch's CPU native_dropout (aten/native/Dropout.cpp).
+// On the cuda driver the flagos default generator is CUDA's default one, so
+// CUDA's fused kernel already draws from it: the op is routed as usual.
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
                                                   double p,
                                                   std::optional<bool> train) {
+  if (runtime::uses_cuda()) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_dropout", "");
+    torch::jit::Stack stack{input, p, train};
+    route_boxed(op, &stack);
+    return std::make_tuple(stack[0].toTensor(), stack[1].toTensor());
+  }
   if (input.numel() == 0) {
     return std::make_tuple(input, at::empty_like(input));
   }

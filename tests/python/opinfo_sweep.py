@@ -1,53 +1,76 @@
-"""OpInfo differential sweep: every float32 OpInfo sample, CPU vs flagos.
+"""OpInfo differential sweep: every float32 OpInfo sample, a reference device vs flagos.
 
 The engine of tests/python/test_opinfo.py (see docs/opinfo.md). Also runs on
 its own, with a per-sample report::
 
-    PYTHONPATH=. .venv/bin/python tests/python/opinfo_sweep.py [--ops a,b] [-v]
+    PYTHONPATH=. .venv/bin/python tests/python/opinfo_sweep.py [--ref cpu|cuda] [--ops a,b] [-v]
+
+The reference device (``--ref``) is ``cpu`` (the default; on the host driver
+flagos runs the CPU's kernels, so results must agree to rounding) or ``cuda``
+(on the cuda driver flagos runs PyTorch's CUDA kernels over zero-copy views,
+so results must agree with native CUDA).
 
 What is compared
 ----------------
-For each OpInfo of PyTorch's ``op_db`` whose CPU dtypes include float32,
-every sample of ``op.sample_inputs("cpu", torch.float32)`` (optionally only
-the first ``--max-samples``; generated after ``torch.manual_seed(crc32(op
-name))``, so sample ``i`` of an op is the same in every run) is
+For each OpInfo of PyTorch's ``op_db`` whose dtypes on the reference device
+include float32, every sample of ``op.sample_inputs(REF, torch.float32)``
+(optionally only the first ``--max-samples``; generated after
+``torch.manual_seed(crc32(op name))``, so sample ``i`` of an op is the same in
+every run) is
 
 1. copied to flagos, before anything runs (an op that writes its inputs
    cannot change what the other side sees). The copy keeps each tensor's exact
    geometry: sizes, strides (0-strides of expanded tensors and overlap too),
    storage offset, and aliasing between tensors of one sample (tensors that
-   share a CPU storage share one flagos storage). ``torch.device("cpu")`` and
-   ``"cpu"`` arguments become flagos, CPU generators flagos ones in the same
-   state. Exceptions: arguments PyTorch wants on the CPU whatever the device
-   (``_CPU_ARGS``: tensor_split's indices) stay there;
-2. run on CPU after ``torch.manual_seed(SEED)``; if that raises, the sample
-   is a "cpu-skip" and not counted;
-3. run on flagos after the same ``torch.manual_seed(SEED)``. The host driver's
-   generator is CPU's mt19937, seeded by ``torch.manual_seed``, so random ops
-   (rand*, normal, bernoulli, dropout, multinomial, ...) give the CPU's numbers
-   and are compared in full. A sample without any tensor (a factory call such
-   as ``arange(3)``) runs under ``torch.device("flagos")``: its CPU run used
-   the default device;
-4. compared: every result tensor must be a flagos tensor with the CPU result's
-   dtype, shape and values (``torch.testing.assert_close``, ``equal_nan``,
-   rtol 1.3e-6 / atol 1e-5); non-tensor results with ``==`` (floats with the
-   same tolerances); and the sample's tensor arguments afterwards (in-place
-   and out= writes must reach the flagos tensors the caller holds).
+   share a storage share one flagos storage). Only tensors on the reference
+   device move (with ``--ref cuda`` the bytes go through the CPU: flagos
+   refuses a direct cuda -> flagos copy); a CPU tensor in a cuda sample (a
+   0-dim scalar, tensor_split's indices) stays on the CPU, as CUDA wants it.
+   ``torch.device(REF)`` and ``"REF"`` arguments become flagos, generators of
+   the reference device flagos ones in the same state. Arguments PyTorch wants
+   on the CPU whatever the device (``_CPU_ARGS``) stay there;
+2. run on the reference device after ``torch.manual_seed(SEED)``; if that
+   raises (with cuda: also asynchronously, up to a synchronize), the sample is
+   a "cpu-skip" / "cuda-skip" and not counted;
+3. run on flagos after the same ``torch.manual_seed(SEED)``. The flagos
+   generator is the reference's (host driver: CPU's mt19937; cuda driver: the
+   CUDA default generator itself), seeded by ``torch.manual_seed``, so random
+   ops (rand*, normal, bernoulli, dropout, multinomial, ...) give the
+   reference's numbers and are compared in full. A sample without any tensor
+   (a factory call such as ``arange(3)``) runs under ``torch.device("flagos")``
+   (and, with cuda, its reference run under ``torch.device("cuda")``);
+4. compared: every result tensor must be a flagos tensor with the reference
+   result's dtype, shape and values (``torch.testing.assert_close``,
+   ``equal_nan``, rtol 1.3e-6 / atol 1e-5; with ``--ref cuda`` widened, per
+   op, to OpInfo's float32 tolerance overrides that apply to cuda eager
+   comparisons); non-tensor results with ``==`` (floats with the same
+   tolerances); and the sample's tensor arguments afterwards (in-place and
+   out= writes must reach the flagos tensors the caller holds).
 
 Ops whose output is uninitialised memory (``empty*``: OpInfo's
 ``has_nondeterministic_output``) are compared on shape, dtype and device only
-("meta-only"). Sparse, quantized and nested-tensor ops, and samples with a
+("meta-only"). With ``--ref cuda``, a sample whose flagos result differs is
+run on cuda a second time (same seed, a fresh copy of the sample): if CUDA
+disagrees with itself (atomics, nondeterministic kernels), the sample is
+compared on shape, dtype and device only as well and counted as
+"nondeterministic". Sparse, quantized and nested-tensor ops, and samples with a
 non-strided tensor in or out, are "not applicable" (flagos is a strided-only
 device) and counted apart.
 
 Crash isolation
 ---------------
-Worker processes (one per CPU core, up to 4; ops dealt round-robin; one
-intra-op thread each) import op_db once, without initialising the flagos
-device, and run the ops in a forked child. A sample that kills the child (a
-segfault, an abort) or runs past ``SAMPLE_TIMEOUT_S`` is a failure of that
-sample ("crash: ..." / "timeout: ..."), and a new child goes on at the next
-sample.
+Worker processes (ops dealt round-robin; one intra-op thread each) run the ops
+in a child process. A sample that kills the child (a segfault, an abort) or
+runs past ``SAMPLE_TIMEOUT_S`` is a failure of that sample ("crash: ..." /
+"timeout: ..."), and a new child goes on at the next sample. With the CPU
+reference on the host driver the worker imports op_db once, without
+initialising the device, and forks each child ("fork" isolation). CUDA cannot
+be used in a child forked after CUDA was initialised (and importing op_db or
+torch_fl on a GPU machine initialises it), so with cuda, or on any driver but
+host, each child is a fresh interpreter ("spawn" isolation; a crash costs one
+import of op_db). A CUDA error that leaves the context unusable (a device-side
+assert, an illegal address) is charged to the sample that raised it, and a new
+child goes on at the next sample.
 """
 
 from __future__ import annotations
@@ -56,19 +79,25 @@ import argparse
 import dataclasses
 import json
 import math
+import mmap
 import os
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from typing import Any
 
 DEVICE = "flagos"
 SEED = 1234
+REFS = ("cpu", "cuda")
 # Optional deterministic cap: the first N samples of each op, in OpInfo's
-# order. None: every sample (the whole sweep takes 20-50 s on 2 cores).
+# order. None: every sample (the CPU sweep takes 20-50 s on 2 cores).
 MAX_SAMPLES_PER_OP = None
+# The cap with the cuda reference: see docs/opinfo.md for its runtime.
+MAX_SAMPLES_CUDA = None
 RTOL = 1.3e-6
 ATOL = 1e-5
 SAMPLE_TIMEOUT_S = 120
@@ -84,6 +113,15 @@ _CPU_ARGS = {
 }
 
 _PREFIX = "@@opinfo "
+# A child's exit status meaning: the CUDA context is unusable after a sample
+# that has been reported; go on in a new child at the sample that progress
+# names, without charging anything.
+_RESTART = 75
+
+
+def default_max_samples(ref: str) -> int | None:
+    """The per-op sample cap the sweep uses against ``ref`` unless told."""
+    return MAX_SAMPLES_CUDA if ref == "cuda" else MAX_SAMPLES_PER_OP
 
 
 # --------------------------------------------------------------------------
@@ -101,7 +139,7 @@ class Failure:
 class Result:
     passed: int = 0
     compared: int = 0
-    cpu_skip: int = 0
+    cpu_skip: int = 0                # the reference run raised (cpu or cuda)
     not_applicable: int = 0          # samples
     meta_only: int = 0               # compared on shape/dtype/device only
     ops_run: int = 0
@@ -110,10 +148,13 @@ class Result:
     sample_gen_errors: list = dataclasses.field(default_factory=list)
     capped_ops: list = dataclasses.field(default_factory=list)
     failures: list = dataclasses.field(default_factory=list)
+    nondeterministic: list = dataclasses.field(default_factory=list)  # (op, i)
     op_seconds: dict = dataclasses.field(default_factory=dict)
     crashes: int = 0
     seconds: float = 0.0
     max_samples: int | None = None
+    ref: str = "cpu"
+    workers: int = 0
 
     @property
     def failed_ops(self) -> dict:
@@ -127,11 +168,14 @@ class Result:
         pct = 100.0 * self.passed / self.compared if self.compared else 0.0
         capped = (f"{len(self.capped_ops)} ops capped at {self.max_samples} samples, "
                   if self.max_samples is not None else "")
+        head = "OpInfo sweep" if self.ref == "cpu" else f"OpInfo sweep (flagos vs {self.ref})"
+        nondet = (f" ({len(self.nondeterministic)} nondeterministic on {self.ref})"
+                  if self.ref != "cpu" else "")
         return (
-            f"OpInfo sweep: {self.passed} passed / {self.compared} compared "
+            f"{head}: {self.passed} passed / {self.compared} compared "
             f"({pct:.2f}%), {len(self.failures)} failed in "
-            f"{len(self.failed_ops)} ops, {self.cpu_skip} cpu-skip, "
-            f"{self.meta_only} meta-only, {self.not_applicable} not-applicable "
+            f"{len(self.failed_ops)} ops, {self.cpu_skip} {self.ref}-skip, "
+            f"{self.meta_only} meta-only{nondet}, {self.not_applicable} not-applicable "
             f"samples; {self.ops_run} ops run, {len(self.na_ops)} ops not "
             f"applicable, {len(self.no_float32_ops)} ops without float32, "
             f"{capped}{len(self.sample_gen_errors)} sample-generation errors, "
@@ -145,6 +189,13 @@ class Result:
             groups.setdefault((f.op, f.error), []).append(f.index)
         return [f"  {op} {idx} {err}" for (op, err), idx in groups.items()]
 
+    def nondeterministic_lines(self) -> list[str]:
+        """``op [sample indices]`` of samples whose reference varied between runs."""
+        groups: dict = {}
+        for op, i in self.nondeterministic:
+            groups.setdefault(op, []).append(i)
+        return [f"  {op} {idx}" for op, idx in sorted(groups.items())]
+
     def add(self, rec: dict) -> None:
         kind = rec["kind"]
         if kind == "sample":
@@ -156,6 +207,8 @@ class Result:
             else:
                 self.compared += 1
                 self.meta_only += bool(rec.get("meta"))
+                if rec.get("nondet"):
+                    self.nondeterministic.append((rec["op"], rec["i"]))
                 if st == "pass":
                     self.passed += 1
                 else:
@@ -203,8 +256,57 @@ class _Mismatch(Exception):
     pass
 
 
-def _worker_main(start: tuple[int, int], stride: int, offset: int,
-                 only: set | None, max_samples: int) -> None:
+class _ContextLost(Exception):
+    """The CUDA context is unusable; the sample that broke it is reported."""
+
+
+def _emit(**rec) -> None:
+    sys.stdout.write(_PREFIX + json.dumps(rec) + "\n")
+    sys.stdout.flush()
+
+
+class _Progress:
+    """(op index, sample index, op name) of the running child, in memory shared
+    with it: an anonymous mapping a forked child inherits, or a file that a
+    spawned child maps."""
+
+    SIZE = 256
+
+    def __init__(self, path: str | None = None):
+        if path is None:
+            self.buf = mmap.mmap(-1, self.SIZE)
+        else:
+            with open(path, "r+b") as f:
+                self.buf = mmap.mmap(f.fileno(), self.SIZE)
+
+    @classmethod
+    def new_file(cls) -> str:
+        fd, path = tempfile.mkstemp(prefix="opinfo-progress-")
+        os.write(fd, b"\0" * cls.SIZE)
+        os.close(fd)
+        return path
+
+    def get(self) -> tuple[int, int]:
+        return struct.unpack("qq", self.buf[:16])
+
+    def name(self) -> str:
+        (n,) = struct.unpack("q", self.buf[16:24])
+        return self.buf[24:24 + n].decode(errors="replace")
+
+    def set(self, i: int, k: int | None = None, name: str | None = None) -> None:
+        if k is None:
+            self.buf[8:16] = struct.pack("q", i)
+            return
+        if name is not None:
+            raw = name.encode()[: self.SIZE - 24]
+            self.buf[16:24 + len(raw)] = struct.pack("q", len(raw)) + raw
+        self.buf[:16] = struct.pack("qq", k, i)
+
+
+def _load_runner(stride: int, offset: int, only: set | None,
+                 max_samples: int | None, ref: str):
+    """Imports torch, torch_fl and op_db; returns ``run_ops(k, i, progress)``,
+    which runs this worker's ops from op index ``k``, sample ``i``."""
     import itertools
     import warnings
 
@@ -215,10 +317,8 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
     from torch.testing._internal.common_methods_invocations import op_db
 
     torch.set_num_threads(1)
-
-    def emit(**rec):
-        sys.stdout.write(_PREFIX + json.dumps(rec) + "\n")
-        sys.stdout.flush()
+    REF = ref
+    on_cuda = REF == "cuda"
 
     def is_special(t) -> bool:
         return t.layout != torch.strided or t.is_quantized or t.is_nested
@@ -232,67 +332,121 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
             return any(has_special(v) for v in x.values())
         return False
 
-    class ToFlagos:
-        """Copies a sample's tensors to flagos, keeping geometry and aliasing."""
+    def is_ref_device_str(x) -> bool:
+        return isinstance(x, str) and (x == REF or x.startswith(REF + ":"))
 
-        def __init__(self):
-            self.storages = {}
+    # A sample is first taken apart into a template: each tensor on the
+    # reference device becomes (storage, offset, sizes, strides) over a staging
+    # copy of its storage's bytes, the rest is kept. build() then makes the
+    # sample on any device, as often as needed: flagos for the comparison, and
+    # with cuda, a fresh reference copy for a second reference run.
+    class _T:
+        __slots__ = ("key", "dtype", "offset", "size", "stride", "dense")
 
-        def tensor(self, t):
+    class _Gen:
+        __slots__ = ("state",)
+
+        def __init__(self, state):
+            self.state = state
+
+    class Template:
+        def __init__(self, sample, keep_args=()):
+            # CPU reference: the staging is the sample's own storage, read at
+            # once by build(DEVICE) before anything runs. cuda: a CPU copy,
+            # which also serves later builds.
+            self.staging = {}
+            self.input = self.take(sample.input)
+            self.args = tuple(a if j in keep_args else self.take(a)
+                              for j, a in enumerate(sample.args))
+            self.kwargs = self.take(sample.kwargs)
+
+        def take_tensor(self, t):
             if is_special(t):
                 raise _NotApplicable(f"{t.layout} input")
-            if t.device.type != "cpu":
-                return t
+            if t.device.type != REF:
+                return t  # kept: a CPU tensor in a cuda sample
+            rec = _T()
+            rec.dtype = t.dtype
             if t.is_conj() or t.is_neg():
                 # (float32 samples have none) keep it simple: a plain copy.
-                return t.resolve_conj().resolve_neg().to(DEVICE)
+                rec.dense = t.resolve_conj().resolve_neg().cpu().clone()
+                return rec
+            rec.dense = None
             st = t.untyped_storage()
             key = st.data_ptr() if st.nbytes() else id(st)
-            fl = self.storages.get(key)
-            if fl is None:
-                raw = torch.empty(0, dtype=torch.uint8).set_(st)
-                fl = raw.to(DEVICE).untyped_storage()
-                self.storages[key] = fl
-            out = torch.empty(0, dtype=t.dtype, device=DEVICE)
-            out.set_(fl, t.storage_offset(), t.size(), t.stride())
-            return out
+            if key not in self.staging:
+                raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+                self.staging[key] = raw.cpu() if on_cuda else raw
+            rec.key, rec.offset = key, t.storage_offset()
+            rec.size, rec.stride = tuple(t.size()), tuple(t.stride())
+            return rec
 
-        def __call__(self, x):
+        def take(self, x):
             if isinstance(x, torch.Tensor):
-                return self.tensor(x)
-            if isinstance(x, torch.device) and x.type == "cpu":
-                return torch.device(DEVICE)
-            if isinstance(x, str) and x == "cpu":  # device="cpu", x.to("cpu")
-                return DEVICE
-            if isinstance(x, torch.Generator):
-                g = torch.Generator(device=DEVICE)
-                g.set_state(x.get_state())
-                return g
+                return self.take_tensor(x)
+            if isinstance(x, torch.Generator) and x.device.type == REF:
+                return _Gen(x.get_state())
             if isinstance(x, tuple) and hasattr(x, "_fields"):
-                return type(x)(*(self(v) for v in x))
+                return type(x)(*(self.take(v) for v in x))
             if isinstance(x, (list, tuple)):
-                return type(x)(self(v) for v in x)
+                return type(x)(self.take(v) for v in x)
             if isinstance(x, dict):
-                return {k: self(v) for k, v in x.items()}
+                return {k: self.take(v) for k, v in x.items()}
             return x
 
-    def compare(expected, actual, path, meta_only):
+        def build(self, dev):
+            """(input, args, kwargs) on device type ``dev``."""
+            storages = {}
+
+            def go(x):
+                if isinstance(x, _T):
+                    if x.dense is not None:
+                        return x.dense.to(dev)
+                    st = storages.get(x.key)
+                    if st is None:
+                        st = storages[x.key] = self.staging[x.key].to(dev).untyped_storage()
+                    out = torch.empty(0, dtype=x.dtype, device=dev)
+                    out.set_(st, x.offset, x.size, x.stride)
+                    return out
+                if isinstance(x, _Gen):
+                    g = torch.Generator(device=dev)
+                    g.set_state(x.state)
+                    return g
+                if isinstance(x, torch.device) and x.type == REF:
+                    return torch.device(dev, x.index) if x.index is not None else torch.device(dev)
+                if is_ref_device_str(x):  # device="cpu", x.to("cuda:0")
+                    return dev + x[len(REF):]
+                if isinstance(x, tuple) and hasattr(x, "_fields"):
+                    return type(x)(*(go(v) for v in x))
+                if isinstance(x, (list, tuple)):
+                    return type(x)(go(v) for v in x)
+                if isinstance(x, dict):
+                    return {k: go(v) for k, v in x.items()}
+                return x
+
+            return go(self.input), go(self.args), go(self.kwargs)
+
+    def compare(expected, actual, path, meta_only, tol, dev=DEVICE):
+        """Raises _Mismatch unless ``actual`` (a run on ``dev``) matches ``expected``
+        (the reference run)."""
+        rtol, atol = tol
         if isinstance(expected, torch.Tensor):
             if not isinstance(actual, torch.Tensor):
                 raise _Mismatch(f"{path}: expected a tensor, got {type(actual).__name__}")
-            want = DEVICE if expected.device.type == "cpu" else expected.device.type
+            want = dev if expected.device.type == REF else expected.device.type
             if actual.device.type != want:
                 raise _Mismatch(f"{path}: result on {actual.device}, expected {want}")
             if expected.layout != actual.layout:
                 raise _Mismatch(f"{path}: layout {actual.layout} != {expected.layout}")
             act = actual.cpu()
+            exp = expected.cpu()
             if meta_only:
-                if act.shape != expected.shape or act.dtype != expected.dtype:
+                if act.shape != exp.shape or act.dtype != exp.dtype:
                     raise _Mismatch(f"{path}: {act.dtype}{list(act.shape)} != "
-                                    f"{expected.dtype}{list(expected.shape)}")
+                                    f"{exp.dtype}{list(exp.shape)}")
                 return
             try:
-                torch.testing.assert_close(act, expected, rtol=RTOL, atol=ATOL,
+                torch.testing.assert_close(act, exp, rtol=rtol, atol=atol,
                                            equal_nan=True, check_device=False)
             except AssertionError as e:
                 raise _Mismatch(f"{path}: {' '.join(str(e).split())[:300]}") from None
@@ -302,38 +456,45 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
                 raise _Mismatch(f"{path}: expected a {type(expected).__name__} of "
                                 f"{len(expected)}, got {type(actual).__name__}")
             for i, (e, a) in enumerate(zip(expected, actual)):
-                compare(e, a, f"{path}[{i}]", meta_only)
+                compare(e, a, f"{path}[{i}]", meta_only, tol, dev)
             return
         if isinstance(expected, dict):
             if not isinstance(actual, dict) or expected.keys() != actual.keys():
                 raise _Mismatch(f"{path}: dict keys differ")
             for k in expected:
-                compare(expected[k], actual[k], f"{path}[{k!r}]", meta_only)
+                compare(expected[k], actual[k], f"{path}[{k!r}]", meta_only, tol, dev)
             return
         if isinstance(expected, float) and isinstance(actual, float):
             if (math.isnan(expected) and math.isnan(actual)) or meta_only or \
-                    math.isclose(actual, expected, rel_tol=RTOL, abs_tol=ATOL):
+                    math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol):
                 return
             raise _Mismatch(f"{path}: {actual!r} != {expected!r}")
         if isinstance(expected, torch.device):
             if not isinstance(actual, torch.device) or actual.type != (
-                    DEVICE if expected.type == "cpu" else expected.type):
-                raise _Mismatch(f"{path}: {actual!r} (CPU run: {expected!r})")
+                    dev if expected.type == REF else expected.type):
+                raise _Mismatch(f"{path}: {actual!r} ({REF} run: {expected!r})")
             return
         if not meta_only and expected != actual:
             raise _Mismatch(f"{path}: {actual!r} != {expected!r}")
 
-    def compare_args(expected, actual, path):
+    def compare_args(expected, actual, path, tol, dev=DEVICE):
         """Compares the tensors among a sample's arguments after the call."""
         if isinstance(expected, torch.Tensor):
-            if actual is not expected:  # not one kept on the CPU (_CPU_ARGS)
-                compare(expected, actual, path + " (after the call)", False)
+            if actual is not expected:  # not one kept as it was (_CPU_ARGS, CPU in cuda)
+                compare(expected, actual, path + " (after the call)", False, tol, dev)
         elif isinstance(expected, (list, tuple)):
             for i, (e, a) in enumerate(zip(expected, actual)):
-                compare_args(e, a, f"{path}[{i}]")
+                compare_args(e, a, f"{path}[{i}]", tol, dev)
         elif isinstance(expected, dict):
             for k in expected:
-                compare_args(expected[k], actual[k], f"{path}[{k!r}]")
+                compare_args(expected[k], actual[k], f"{path}[{k!r}]", tol, dev)
+
+    def compare_all(expected, sample, actual, built, meta_only, tol, dev=DEVICE):
+        compare(expected, actual, "result", meta_only, tol, dev)
+        if not meta_only:
+            compare_args(sample.input, built[0], "input", tol, dev)
+            compare_args(sample.args, built[1], "args", tol, dev)
+            compare_args(sample.kwargs, built[2], "kwargs", tol, dev)
 
     def error_text(e: BaseException) -> str:
         text = str(e).strip()
@@ -349,56 +510,122 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
             return any(has_tensor(v) for v in x.values())
         return False
 
-    def run_sample(op, s, meta_only):
-        """(status, error) of one sample."""
-        if has_special((s.input, s.args, s.kwargs)):
-            return "na", None
-        try:
-            mover = ToFlagos()
-            f_input = mover(s.input)
-            keep = _CPU_ARGS.get(op.name, ())
-            f_args = tuple(a if j in keep else mover(a) for j, a in enumerate(s.args))
-            f_kwargs = mover(s.kwargs)
-        except _NotApplicable:
-            return "na", None
-        except Exception as e:  # noqa: BLE001
-            return "fail", "copying the sample to flagos: " + error_text(e)
-        try:
-            torch.manual_seed(SEED)
-            expected = op(s.input, *s.args, **s.kwargs)
-        except Exception:  # noqa: BLE001
-            return "cpu-skip", None
-        if has_special(expected):
-            return "na", None
-        try:
-            torch.manual_seed(SEED)
-            if has_tensor((s.input, s.args, s.kwargs)):
-                actual = op(f_input, *f_args, **f_kwargs)
-            else:
-                # A factory call with no device argument: its CPU run used the
-                # default device, so the flagos run makes flagos the default.
-                with torch.device(DEVICE):
-                    actual = op(f_input, *f_args, **f_kwargs)
-            compare(expected, actual, "result", meta_only)
-            if not meta_only:
-                compare_args(s.input, f_input, "input")
-                compare_args(s.args, f_args, "args")
-                compare_args(s.kwargs, f_kwargs, "kwargs")
-        except _Mismatch as e:
-            return "fail", str(e)
-        except Exception as e:  # noqa: BLE001
-            return "fail", error_text(e)
-        return "pass", None
+    def call(op, built, dev, factory):
+        torch.manual_seed(SEED)
+        if factory and dev != "cpu":
+            # A factory call with no device argument: the CPU run would use the
+            # default device, so the run makes ``dev`` the default.
+            with torch.device(dev):
+                return op(built[0], *built[1], **built[2])
+        return op(built[0], *built[1], **built[2])
 
-    def run_op(op, first, progress):
+    def tolerance(op):
+        """(rtol, atol) for op: the sweep's, widened with cuda to OpInfo's
+        float32 overrides that apply to eager cuda comparisons (undecorated
+        overrides, and DecorateInfo ones for every test class or TestCommon,
+        for every device or cuda)."""
+        rtol, atol = RTOL, ATOL
+        if not on_cuda:
+            return rtol, atol
+        from torch.testing._internal.common_device_type import (
+            precisionOverride, toleranceOverride)
+
+        def widen(dec):
+            nonlocal rtol, atol
+            if isinstance(dec, toleranceOverride) and torch.float32 in dec.d:
+                t = dec.d[torch.float32]
+                rtol, atol = max(rtol, t.rtol), max(atol, t.atol)
+            elif isinstance(dec, precisionOverride) and torch.float32 in dec.d:
+                atol = max(atol, dec.d[torch.float32])
+
+        for d in getattr(op, "decorators", None) or ():
+            inner = getattr(d, "decorators", None)
+            if inner is None:  # a bare decorator: every test, every device
+                widen(d)
+                continue
+            if getattr(d, "device_type", None) not in (None, REF):
+                continue
+            if getattr(d, "cls_name", None) not in (None, "TestCommon"):
+                continue
+            if "mps" in (getattr(d, "test_name", None) or ""):
+                continue
+            dtypes = getattr(d, "dtypes", None)
+            if dtypes is not None and torch.float32 not in dtypes:
+                continue
+            if not getattr(d, "active_if", True):
+                continue
+            for dec in inner:
+                widen(dec)
+        return rtol, atol
+
+    def run_sample(op, s, meta_only, tol):
+        """(status, error, extra record fields) of one sample."""
+        if has_special((s.input, s.args, s.kwargs)):
+            return "na", None, {}
+        try:
+            tmpl = Template(s, _CPU_ARGS.get(op.name, ()))
+            f_built = tmpl.build(DEVICE)
+        except _NotApplicable:
+            return "na", None, {}
+        except Exception as e:  # noqa: BLE001
+            return "fail", "copying the sample to flagos: " + error_text(e), {}
+        factory = not has_tensor((s.input, s.args, s.kwargs))
+        try:
+            expected = call(op, (s.input, s.args, s.kwargs), REF, factory)
+            if on_cuda:
+                torch.cuda.synchronize()  # an asynchronous error is the reference's
+        except Exception:  # noqa: BLE001
+            return "cpu-skip", None, {}
+        if has_special(expected):
+            return "na", None, {}
+        try:
+            actual = call(op, f_built, DEVICE, factory)
+            compare_all(expected, s, actual, f_built, meta_only, tol)
+        except _Mismatch as e:
+            if on_cuda and not meta_only and reference_varies(op, s, tmpl, expected, factory, tol):
+                try:
+                    compare(expected, actual, "result", True, tol)
+                except _Mismatch as e2:
+                    return "fail", str(e2), {"meta": True, "nondet": True}
+                return "pass", None, {"meta": True, "nondet": True}
+            return "fail", str(e), {}
+        except Exception as e:  # noqa: BLE001
+            return "fail", error_text(e), {}
+        return "pass", None, {}
+
+    def reference_varies(op, s, tmpl, expected, factory, tol) -> bool:
+        """Whether a second reference run, on a fresh copy of the sample with
+        the same seed, disagrees with the first."""
+        try:
+            built = tmpl.build(REF)
+            again = call(op, built, REF, factory)
+            compare_all(expected, s, again, built, False, tol, dev=REF)
+        except _Mismatch:
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+        return False
+
+    def context_error():
+        """None, or the error of a CUDA context that can no longer be used."""
+        if not on_cuda:
+            return None
+        try:
+            torch.cuda.synchronize()  # a sticky error is raised by every call
+        except Exception as e:  # noqa: BLE001
+            return error_text(e)
+        return None
+
+    def run_op(k, op, first, progress):
         """Runs the samples of op from index ``first``."""
         t0 = time.perf_counter()
         name = op.full_name
         meta_only = bool(op.has_nondeterministic_output)
         torch.manual_seed(zlib.crc32(name.encode()))
         gen_error, capped = None, False
+        tol = tolerance(op)
         try:
-            gen = op.sample_inputs("cpu", torch.float32, requires_grad=False)
+            gen = op.sample_inputs(REF, torch.float32, requires_grad=False)
             if max_samples is None:
                 samples = list(gen)
             else:
@@ -407,16 +634,28 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
                 samples = samples[:max_samples]
         except Exception as e:  # noqa: BLE001
             samples, gen_error = [], error_text(e)
+            lost = context_error()
+            if lost is not None:  # report the op; a new child goes on at the next
+                _emit(kind="op", op=name, seconds=time.perf_counter() - t0,
+                      capped=False, gen_error=gen_error)
+                progress.set(0, k + 1, "")
+                raise _ContextLost(lost) from None
         for i, s in enumerate(samples):
             if i < first:
                 continue
             progress.set(i)
-            status, error = run_sample(op, s, meta_only)
-            emit(kind="sample", op=name, i=i, status=status, error=error,
-                 meta=meta_only)
+            status, error, extra = run_sample(op, s, meta_only, tol)
+            lost = context_error()
+            if lost is not None and status in ("pass", "na"):
+                status, error, extra = "fail", "CUDA context lost after the sample: " + lost, {}
+            extra.setdefault("meta", meta_only)
+            _emit(kind="sample", op=name, i=i, status=status, error=error, **extra)
+            if lost is not None:
+                progress.set(i + 1)
+                raise _ContextLost(lost)
         progress.set(-2)
-        emit(kind="op", op=name, seconds=time.perf_counter() - t0,
-             capped=capped, gen_error=gen_error)
+        _emit(kind="op", op=name, seconds=time.perf_counter() - t0,
+              capped=capped, gen_error=gen_error)
 
     def run_ops(start_op, start_sample, progress):
         for k, op in enumerate(op_db):
@@ -425,91 +664,145 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
             name = op.full_name
             if only is not None and name not in only and op.name not in only:
                 continue
-            progress.set(-1, k)
-            if torch.float32 not in op.supported_dtypes("cpu"):
-                emit(kind="skip-op", op=name, why="no-float32")
+            progress.set(-1, k, name)
+            if torch.float32 not in op.supported_dtypes(REF):
+                _emit(kind="skip-op", op=name, why="no-float32")
                 continue
             if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
-                emit(kind="skip-op", op=name, why="na")
+                _emit(kind="skip-op", op=name, why="na")
                 continue
-            run_op(op, start_sample if k == start_op else 0, progress)
+            run_op(k, op, start_sample if k == start_op else 0, progress)
 
-    # The ops run in a child forked from this process, which has imported
-    # everything but never initialised the flagos device (so the child may).
-    # A sample that crashes or hangs the child costs only that sample: a new
-    # child goes on at the next one.
-    import mmap
-    import struct
+    return run_ops
 
-    class Progress:
-        """(op index, sample index) of the child, in memory shared with it."""
 
-        def __init__(self):
-            self.buf = mmap.mmap(-1, 16)
+def _run_child(run_ops, k: int, i: int, progress: _Progress) -> int:
+    """Runs the ops in this (child) process; returns its exit status."""
+    code = 0
+    try:
+        run_ops(k, i, progress)
+    except _ContextLost:
+        code = _RESTART
+    except BaseException:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        code = 3
+    sys.stdout.flush()
+    return code
 
-        def get(self):
-            return struct.unpack("qq", self.buf[:16])
 
-        def set(self, i, k=None):
-            if k is None:
-                self.buf[8:16] = struct.pack("q", i)
-            else:
-                self.buf[:16] = struct.pack("qq", k, i)
+class _ForkedChild:
+    """A child forked from this worker, which has imported op_db but never
+    initialised the device (so the child may)."""
 
-    progress = Progress()
+    def __init__(self, run_ops, k, i, progress):
+        sys.stdout.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os._exit(_run_child(run_ops, k, i, progress))
+
+    def poll(self):
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        return os.waitstatus_to_exitcode(status) if done else None
+
+    def kill(self):
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+
+
+class _SpawnedChild:
+    """A child in a fresh interpreter; it writes its records to this worker's
+    stdout (the pipe to the parent) and its progress to a shared file."""
+
+    def __init__(self, argv, k, i, progress_path):
+        sys.stdout.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--child",
+             "--start", f"{k}:{i}", "--progress", progress_path, *argv])
+
+    def poll(self):
+        return self.proc.poll()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _worker_main(start: tuple[int, int], stride: int, offset: int,
+                 only: set | None, max_samples: int | None, ref: str,
+                 isolation: str) -> None:
+    """Runs this worker's ops in children, one after another, each going on
+    where the last one stopped; a sample that crashes or hangs a child costs
+    only that sample."""
+    if isolation == "fork":
+        run_ops = _load_runner(stride, offset, only, max_samples, ref)
+        progress, path = _Progress(), None
+
+        def launch(k, i):
+            return _ForkedChild(run_ops, k, i, progress)
+    else:
+        path = _Progress.new_file()
+        progress = _Progress(path)
+        argv = ["--stride", str(stride), "--offset", str(offset),
+                "--max-samples", str(max_samples or 0), "--ref", ref]
+        if only is not None:
+            argv += ["--ops", ",".join(sorted(only))]
+
+        def launch(k, i):
+            return _SpawnedChild(argv, k, i, path)
+
+    try:
+        _supervise(launch, progress, start)
+    finally:
+        if path is not None:
+            os.unlink(path)
+
+
+def _supervise(launch, progress: _Progress, start: tuple[int, int]) -> None:
     k, i = start
     outside = 0
     while True:
-        progress.set(-1, k)
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                run_ops(k, i, progress)
-            except BaseException:  # noqa: BLE001
-                import traceback
-                traceback.print_exc()
-                code = 3
-            sys.stdout.flush()
-            os._exit(code)
+        progress.set(-1, k, "")
+        child = launch(k, i)
         last, since = progress.get(), time.monotonic()
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
+            code = child.poll()
+            if code is not None:
                 break
             cur = progress.get()
             if cur != last:
                 last, since = cur, time.monotonic()
             elif time.monotonic() - since > SAMPLE_TIMEOUT_S:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                status = None
+                child.kill()
                 break
             time.sleep(0.005)
-        if status == 0:
+        if code == 0:
             break
-        if status is None:
-            why = f"timeout: no result in {SAMPLE_TIMEOUT_S}s"
-        elif os.WIFSIGNALED(status):
-            why = f"crash: killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        else:
-            why = f"crash: exited with status {os.waitstatus_to_exitcode(status)}"
         k, i = progress.get()
-        name = op_db[k].full_name
-        emit(kind="crash")
+        if code == _RESTART:  # the sample that broke the CUDA context is reported
+            i = max(i, 0)
+            outside = 0
+            continue
+        if code is None:
+            why = f"timeout: no result in {SAMPLE_TIMEOUT_S}s"
+        elif code < 0:
+            why = f"crash: killed by {signal.Signals(-code).name}"
+        else:
+            why = f"crash: exited with status {code}"
+        name = progress.name() or f"op #{k}"
+        _emit(kind="crash")
         outside = outside + 1 if i < 0 else 0
         if outside >= 3:
-            emit(kind="abort", error=f"3 crashes in a row outside any sample, "
-                 f"the last at op {name}: {why}")
+            _emit(kind="abort", error=f"3 crashes in a row outside any sample, "
+                  f"the last at op {name}: {why}")
             return
-        if i < 0:  # outside any sample: generating them, or after the last
-            emit(kind="op", op=name, seconds=0.0, capped=False, gen_error=why)
+        if i < 0:  # outside any sample: starting, generating them, or after the last
+            _emit(kind="op", op=name, seconds=0.0, capped=False, gen_error=why)
             k, i = k + 1, 0
         else:
-            emit(kind="sample", op=name, i=i, status="fail", error=why, meta=False)
+            _emit(kind="sample", op=name, i=i, status="fail", error=why, meta=False)
             i += 1
-    emit(kind="end")
+    _emit(kind="end")
 
 
 # --------------------------------------------------------------------------
@@ -534,12 +827,32 @@ def _worker_env() -> dict:
     return env
 
 
+def default_isolation(ref: str) -> str:
+    """``fork`` for the CPU reference on the host driver, else ``spawn``: a
+    child must not use CUDA that its parent initialised before forking."""
+    if ref != "cpu":
+        return "spawn"
+    try:
+        import torch_fl
+
+        return "fork" if torch_fl.driver() == "host" else "spawn"
+    except ImportError:
+        return "fork"
+
+
+def default_workers(ref: str) -> int:
+    """CPU: one per core, up to 4. cuda: one per core, up to 8 (one GPU, one
+    CUDA context each; the host side is most of the work)."""
+    return max(1, min(8 if ref == "cuda" else 4, os.cpu_count() or 1))
+
+
 class _Worker:
-    def __init__(self, start, stride, offset, only, max_samples, verbose):
+    def __init__(self, start, stride, offset, only, max_samples, ref, isolation, verbose):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                "--start", f"{start[0]}:{start[1]}",
                "--stride", str(stride), "--offset", str(offset),
-               "--max-samples", str(max_samples or 0)]
+               "--max-samples", str(max_samples or 0),
+               "--ref", ref, "--isolation", isolation]
         if only is not None:
             cmd += ["--ops", ",".join(sorted(only))]
         self.stride, self.offset = stride, offset
@@ -551,15 +864,30 @@ class _Worker:
         self.done = False
 
 
-def run_sweep(only: set | None = None, max_samples: int = MAX_SAMPLES_PER_OP,
-              workers: int | None = None, verbose: bool = False) -> Result:
-    """Runs the sweep in worker processes and returns the aggregated result."""
+_DEFAULT = "default"
+
+
+def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
+              workers: int | None = None, verbose: bool = False, ref: str = "cpu",
+              isolation: str | None = None) -> Result:
+    """Runs the sweep against ``ref`` (``cpu`` or ``cuda``) in worker
+    processes and returns the aggregated result. ``max_samples``: a per-op cap,
+    None for none; by default :func:`default_max_samples`."""
     import queue
     import threading
 
-    res = Result(max_samples=max_samples)
+    if ref not in REFS:
+        raise ValueError(f"ref must be one of {', '.join(REFS)}, not {ref!r}")
+    if max_samples == _DEFAULT:
+        max_samples = default_max_samples(ref)
+    isolation = isolation or default_isolation(ref)
+    if ref == "cuda" and isolation != "spawn":
+        raise ValueError("the cuda reference needs spawn isolation: CUDA cannot be used "
+                         "in a child forked after CUDA was initialised")
+    res = Result(max_samples=max_samples, ref=ref)
     t0 = time.monotonic()
-    n = workers or max(1, min(4, os.cpu_count() or 1))
+    n = workers or default_workers(ref)
+    res.workers = n
     lines: queue.Queue = queue.Queue()
 
     def pump(w: _Worker) -> None:
@@ -569,7 +897,7 @@ def run_sweep(only: set | None = None, max_samples: int = MAX_SAMPLES_PER_OP,
 
     live = []
     for j in range(n):
-        w = _Worker((0, 0), n, j, only, max_samples, verbose)
+        w = _Worker((0, 0), n, j, only, max_samples, ref, isolation, verbose)
         threading.Thread(target=pump, args=(w,), daemon=True).start()
         live.append(w)
     # The workers' children time out samples; this is only a backstop.
@@ -608,32 +936,58 @@ def run_sweep(only: set | None = None, max_samples: int = MAX_SAMPLES_PER_OP,
             w.proc.kill()
     # Workers interleave: report failures in a stable order.
     res.failures.sort(key=lambda f: (f.op, f.index))
+    res.nondeterministic.sort()
     res.seconds = time.monotonic() - t0
     return res
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ref", choices=REFS, default="cpu",
+                   help="reference device (default: cpu)")
     p.add_argument("--ops", help="comma-separated op names or full names (default: all)")
-    p.add_argument("--max-samples", type=int, default=MAX_SAMPLES_PER_OP,
-                   help="cap samples per op (default: none)")
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="cap samples per op, 0 for none (default: "
+                        f"{MAX_SAMPLES_PER_OP or 'none'} with cpu, "
+                        f"{MAX_SAMPLES_CUDA or 'none'} with cuda)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: cores, up to 4 with cpu, 8 with cuda)")
+    p.add_argument("--isolation", choices=("fork", "spawn"), default=None,
+                   help="how children are made (default: fork with cpu on the host "
+                        "driver, else spawn)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--slowest", type=int, default=0, help="list the N slowest ops")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--progress", help=argparse.SUPPRESS)
     p.add_argument("--start", default="0:0", help=argparse.SUPPRESS)
     p.add_argument("--stride", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     only = set(a.ops.split(",")) if a.ops else None
-    if a.worker:
+    if a.worker or a.child:
         k, i = (int(x) for x in a.start.split(":"))
-        _worker_main((k, i), a.stride, a.offset, only, a.max_samples or None)
+        cap = a.max_samples or None
+        if a.child:
+            run_ops = _load_runner(a.stride, a.offset, only, cap, a.ref)
+            return _run_child(run_ops, k, i, _Progress(a.progress))
+        _worker_main((k, i), a.stride, a.offset, only, cap, a.ref,
+                     a.isolation or default_isolation(a.ref))
         return 0
-    res = run_sweep(only, a.max_samples, a.workers, a.verbose)
+    if a.ref == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--ref cuda: no CUDA device (torch.cuda.is_available() is False)")
+            return 2
+    cap = _DEFAULT if a.max_samples is None else (a.max_samples or None)
+    res = run_sweep(only, cap, a.workers, a.verbose, a.ref, a.isolation)
     print("\n".join(res.failure_lines()))
     for name, err in res.sample_gen_errors:
         print(f"sample-generation error: {name}: {err}")
+    if res.nondeterministic:
+        print(f"nondeterministic on {res.ref} (compared on shape, dtype and device):")
+        print("\n".join(res.nondeterministic_lines()))
     for name, sec in sorted(res.op_seconds.items(), key=lambda kv: -kv[1])[:a.slowest]:
         print(f"slow: {name} {sec:.2f}s")
     print(res.summary())
