@@ -33,7 +33,11 @@ using c10::Device;
 using c10::DeviceIndex;
 using c10::Stream;
 
-Device to_cuda(Device d) { return Device(c10::kCUDA, d.index()); }
+// Validates on the way in: PyTorch's CUDA guard assumes a valid ordinal.
+Device to_cuda(Device d) {
+  if (d.index() >= 0) check_device_index(d.index());
+  return Device(c10::kCUDA, d.index());
+}
 Device to_flagos(Device d) { return Device(kFlagos, d.index()); }
 Stream to_cuda(const Stream& s) {
   return Stream(Stream::UNSAFE, to_cuda(s.device()), s.id());

@@ -99,9 +99,25 @@ def _on_cuda_driver() -> bool:
     return torch_fl.driver() == "cuda"
 
 
+def _uses_second_device(item) -> bool:
+    import inspect
+
+    try:
+        src = inspect.getsource(item.function)
+    except (OSError, TypeError):
+        return False
+    params = getattr(item, "callspec", None)
+    in_params = params is not None and any("flagos:1" in str(v) or v == 1 for v in params.params.values())
+    return in_params or any(s in src for s in ("flagos:1", "device(1)", "set_device(1)", "_all("))
+
+
 def pytest_collection_modifyitems(config, items):
-    """`cuda` tests run only on the cuda driver; `host_only` ones only on the host driver."""
+    """`cuda` tests run only on the cuda driver; `host_only` ones only on the host
+    driver; tests that use a second device (flagos:1) only where there is one
+    (FLAGOS_HOST_DEVICES=2 gives the host driver two)."""
     on_cuda = _on_cuda_driver()
+    skip_one = pytest.mark.skip(reason="needs two flagos devices")
+    single = torch.flagos.device_count() < 2
     skip_cuda = pytest.mark.skip(reason="needs the cuda driver (an NVIDIA GPU and a CUDA build of torch)")
     skip_host = pytest.mark.skip(reason="host-driver behaviour (FLAGOS_HOST_* settings, CPU-identical results)")
     for item in items:
@@ -109,3 +125,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "host_only" in item.keywords and on_cuda:
             item.add_marker(skip_host)
+        if single and _uses_second_device(item):
+            item.add_marker(skip_one)
