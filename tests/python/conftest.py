@@ -22,6 +22,11 @@ _SUBPROCESS_TIMEOUT_S = 120
 
 def _child_env(env: dict | None) -> dict:
     child_env = dict(os.environ)
+    # Children run in a temporary directory: relative PYTHONPATH entries
+    # (PYTHONPATH=. in the developer loop) must stay pointed at the checkout.
+    if child_env.get("PYTHONPATH"):
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in child_env["PYTHONPATH"].split(os.pathsep) if p)
     for key, value in (env or {}).items():
         if value is None:
             child_env.pop(key, None)
