@@ -18,6 +18,7 @@ if torch._C._get_privateuse1_backend_name() != "flagos":
     torch.utils.rename_privateuse1_backend("flagos")
 
 from . import flagos  # noqa: E402
+from . import flaggems  # noqa: E402
 from . import routing  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
@@ -32,6 +33,7 @@ if not hasattr(torch.Tensor, "is_flagos"):
 # Validation: the driver (FLAGOS_ACCELERATOR, FLAGOS_HOST_*), then routing
 # (config file, FLAGOS_OP_*, policies). A mistake raises here, naming it.
 _C._init()
+flaggems.register()
 routing.reload()
 
 __version__ = "0.1.0"
@@ -58,10 +60,11 @@ atexit.register(_let_autograd_device_threads_start)
 def is_flaggems_enabled() -> bool:
     """Whether FlagGems' Triton kernels serve any operator in this process.
 
-    The ``flaggems`` provider needs the cuda driver and an importable
-    ``flag_gems``; on the host driver this is always False.
+    The ``flaggems`` provider needs the cuda driver, an importable
+    ``flag_gems`` and FLAGOS_DISABLE_FLAGGEMS_PY unset; on the host driver
+    this is always False. ``torch_fl.flaggems.registered_ops()`` lists them.
     """
-    return False
+    return bool(flaggems.registered_ops())
 
 
 def get_registered_ops() -> list:
@@ -78,4 +81,4 @@ def driver() -> str:
     return _C._driver_name()
 
 
-__all__ = ["flagos", "routing", "is_flaggems_enabled", "get_registered_ops", "driver"]
+__all__ = ["flagos", "flaggems", "routing", "is_flaggems_enabled", "get_registered_ops", "driver"]

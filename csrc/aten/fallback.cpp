@@ -75,6 +75,9 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     case Backend::kCuda:
       run_native(op, plan, stack);
       return;
+    case Backend::kFlagGems:
+      run_python(op, plan, stack);
+      return;
     default:
       TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),
                   "' chosen for ", plan.name, " has no provider in this build");

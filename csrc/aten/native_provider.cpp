@@ -3,6 +3,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "aten/native_view.h"
+#include "aten/python_provider.h"
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/native_allocation.h"
@@ -37,8 +38,13 @@ struct DeviceOf {
 
 }  // namespace
 
-void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
-                torch::jit::Stack* stack) {
+namespace {
+
+// Runs `call` with every flagos argument on the stack replaced by its native
+// view, then maps results and written arguments back (see the header).
+template <typename Call>
+void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
+                       torch::jit::Stack* stack, Call&& call) {
   const size_t base = stack->size() - plan.num_arguments;
   NativeViews views;
   DeviceOf device{-1, op};
@@ -129,18 +135,7 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
       guard.emplace(c10::Device(kFlagos, device.index));
     }
     runtime::NativeAllocationScope scope(device.index);
-    auto key = NativeViews::native_type() == c10::DeviceType::CPU
-                   ? c10::DispatchKey::CPU
-                   : c10::DispatchKey::CUDA;
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(key), stack);
-    } catch (c10::NotImplementedError& e) {
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          false, op.schema().operator_name(), " has no ",
-          c10::toString(NativeViews::native_type()),
-          " kernel for flagos to run on the '", runtime::driver().name(),
-          "' driver. Native error: ", e.what_without_backtrace());
-    }
+    call();
   }
 
   for (auto& [flagos, native] : written) views.sync_back(flagos, native);
@@ -158,6 +153,32 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
       r = std::move(out);
     }
   }
+}
+
+}  // namespace
+
+void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
+                torch::jit::Stack* stack) {
+  with_native_views(op, plan, stack, [&] {
+    auto key = NativeViews::native_type() == c10::DeviceType::CPU
+                   ? c10::DispatchKey::CPU
+                   : c10::DispatchKey::CUDA;
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(key), stack);
+    } catch (c10::NotImplementedError& e) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          false, op.schema().operator_name(), " has no ",
+          c10::toString(NativeViews::native_type()),
+          " kernel for flagos to run on the '", runtime::driver().name(),
+          "' driver. Native error: ", e.what_without_backtrace());
+    }
+  });
+}
+
+void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
+                torch::jit::Stack* stack) {
+  const int64_t kernel = plan.python_kernel.load(std::memory_order_relaxed);
+  with_native_views(op, plan, stack, [&] { invoke_python_kernel(kernel, op, stack); });
 }
 
 void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,

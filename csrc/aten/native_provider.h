@@ -17,6 +17,12 @@ namespace torch_fl::aten {
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack);
 
+// The `flaggems` provider: the operator's Python kernel (registered by the
+// Python layer, see python_provider.h) runs on native views, exactly like a
+// native kernel would, so it sees CUDA tensors on the current CUDA stream.
+void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
+                torch::jit::Stack* stack);
+
 // The `cpu` provider for drivers whose memory is not host memory: arguments
 // are copied to the CPU, PyTorch's CPU kernel runs, written arguments are
 // copied back (resized if the kernel resized them) and results are copied to

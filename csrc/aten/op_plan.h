@@ -48,6 +48,8 @@ struct OpPlan {
   std::array<std::atomic<uint64_t>, routing::kNumBackends> calls{};
   std::atomic<uint64_t> fallback_calls{0};
   std::atomic<uint8_t> logged{0};  // bit per backend: dispatch log written
+  // The Python kernel serving the op when routed to flaggems; -1: none.
+  std::atomic<int64_t> python_kernel{-1};
 };
 
 // The plan of `op`, built on first use. Thread-safe; lock-free after the first

@@ -6,8 +6,10 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "aten/fallback.h"
+#include "aten/python_provider.h"
 #include "hal/driver.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -60,6 +62,56 @@ py::dict memory_stats(c10::DeviceIndex device) {
   out["num_device_alloc"] = stats.num_device_alloc;
   out["num_device_free"] = stats.num_device_free;
   return out;
+}
+
+// Python kernels of the flaggems provider, by id. Leaked: kernels may run
+// until exit, when destroying Python objects is no longer safe.
+std::vector<py::object>& python_kernels() {
+  static auto* kernels = new std::vector<py::object>();
+  return *kernels;
+}
+
+// The invoker libtorch_fl calls (aten/python_provider.h): the arguments are
+// native (CUDA) views; keyword-only schema arguments go as keywords, as
+// torch.library passes them to Python kernels.
+void invoke_python_kernel(int64_t id, const c10::OperatorHandle& op,
+                          torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t base = stack->size() - args.size();
+  py::list positional;
+  py::dict keywords;
+  std::vector<c10::IValue> written;  // returned when an in-place kernel returns None
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) written.push_back(v);
+    py::object obj = torch::jit::toPyObject(v);
+    if (args[i].kwarg_only()) {
+      keywords[py::str(args[i].name())] = obj;
+    } else {
+      positional.append(obj);
+    }
+  }
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  py::object out = python_kernels().at(static_cast<size_t>(id))(
+      *py::tuple(positional), **keywords);
+  const auto& rets = schema.returns();
+  if (rets.empty()) return;
+  if (out.is_none() && rets.size() == written.size()) {
+    for (auto& w : written) stack->push_back(std::move(w));
+    return;
+  }
+  if (rets.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
+    return;
+  }
+  py::tuple tuple = py::reinterpret_borrow<py::tuple>(out);
+  TORCH_CHECK(tuple.size() == rets.size(), "flaggems kernel for ", op.operator_name(),
+              " returned ", tuple.size(), " values, the schema has ", rets.size());
+  for (size_t i = 0; i < rets.size(); ++i) {
+    stack->push_back(torch::jit::toIValue(tuple[i], rets[i].real_type()));
+  }
 }
 
 }  // namespace
@@ -194,6 +246,18 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("_config_path", [] { return routing::config_path(); });
+  // ---- the flaggems (Python kernel) provider -------------------------------
+  m.def("_register_python_kernel", [](const std::string& op, py::object fn) {
+    return guarded([&] {
+      auto& kernels = python::python_kernels();
+      kernels.push_back(std::move(fn));
+      bool ok = aten::register_python_kernel(op, static_cast<int64_t>(kernels.size() - 1));
+      if (ok) aten::set_python_invoker(&python::invoke_python_kernel);
+      return ok;
+    });
+  });
+  m.def("_clear_python_kernels", [] { aten::clear_python_kernels(); });
+  m.def("_python_kernel_ops", [] { return aten::python_kernel_ops(); });
   m.def("_is_initialized", [] { return runtime::is_initialized(); });
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
 }

@@ -12,6 +12,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "aten/python_provider.h"
 #include "hal/env.h"
 #include "runtime/device.h"
 
@@ -110,7 +111,8 @@ bool available(Backend b) {
       return true;
     case Backend::kCuda:
       return !is_host();
-    case Backend::kFlagGems:  // registered by the flaggems provider (cuda only)
+    case Backend::kFlagGems:  // Python kernels registered by torch_fl.flaggems
+      return !is_host() && aten::has_python_kernels();
     case Backend::kMetax:
     case Backend::kAscend:
       return false;
@@ -126,7 +128,8 @@ std::string unavailable_reason(Backend b) {
              " driver is not built into this installation";
     case Backend::kFlagGems:
       return "the flaggems provider is not registered (it needs the cuda "
-             "driver and an importable flag_gems)";
+             "driver and an importable flag_gems, and FLAGOS_DISABLE_FLAGGEMS_PY "
+             "unset)";
     default:
       return "the '" + std::string(runtime::driver().name()) +
              "' driver does not provide it";
@@ -152,6 +155,8 @@ bool serves(Backend b, const c10::OperatorHandle& op) {
     case Backend::kCuda:
       return op.hasKernelForDispatchKey(is_host() ? c10::DispatchKey::CPU
                                                   : c10::DispatchKey::CUDA);
+    case Backend::kFlagGems:
+      return aten::python_kernel_for(op).has_value();
     default:
       return false;
   }
@@ -401,6 +406,9 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
                ") but none of them can run it on the '", runtime::driver().name(),
                "' driver, so it runs on the CPU. Set FLAGOS_CPU_FALLBACK=allow "
                "to silence this or =error to forbid it.");
+  }
+  if (chosen == Backend::kFlagGems) {
+    plan.python_kernel.store(aten::python_kernel_for(op).value_or(-1));
   }
   plan.backend.store(chosen.value_or(Backend::kCpu));
   plan.cpu_fallback.store(fallback);
