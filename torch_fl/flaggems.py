@@ -51,6 +51,7 @@ EXCLUDED = {
 }
 
 _registered = []
+_unknown = []  # names in FlagGems' table that this torch has no operator for
 
 
 def _unused_from_env() -> set:
@@ -67,7 +68,10 @@ def _unused_from_env() -> set:
 
 
 def _is_composite_implicit(name: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CompositeImplicitAutograd")
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CompositeImplicitAutograd")
+    except RuntimeError:  # no such operator in this torch: _register_python_kernel says so
+        return False
 
 
 def register() -> list:
@@ -102,6 +106,8 @@ def register() -> list:
             continue
         if _C._register_python_kernel(name, fn):
             registered.append(name)
+        else:
+            _unknown.append(name)
     _registered = sorted(registered)
     return _registered
 
