@@ -6,6 +6,7 @@ tests meaningful; an explicit value in the environment wins.
 """
 
 import os
+import re
 import subprocess
 import tempfile
 import sys
@@ -104,16 +105,36 @@ def _on_cuda_driver() -> bool:
     return torch_fl.driver() == "cuda"
 
 
+# What a test's body or parameters say when it uses flagos:1 in this process.
+# `flagos:1\b` so that 'flagos:128' (an out-of-range index) does not count.
+_SECOND_DEVICE = re.compile(r"flagos:1\b|device\(1\)|set_device\(1\)")
+
+
 def _uses_second_device(item) -> bool:
+    """Whether ``item`` needs a second flagos device in this process.
+
+    Judged from the test function's body (not its decorators: a parametrize
+    list names every parameter set) and from this item's own parameter values.
+    Tests that need one but say it otherwise carry an explicit
+    ``skipif(torch.flagos.device_count() < 2)``. A module whose device work runs
+    only in child processes that choose their own device count sets
+    ``USES_DEVICES_IN_CHILDREN_ONLY = True``.
+    """
     import inspect
 
+    if getattr(item.module, "USES_DEVICES_IN_CHILDREN_ONLY", False):
+        return False
     try:
         src = inspect.getsource(item.function)
     except (OSError, TypeError):
         return False
+    body = re.search(r"^[ \t]*(async[ \t]+)?def[ \t]", src, re.M)
+    if body is not None:
+        src = src[body.start():]
     params = getattr(item, "callspec", None)
-    in_params = params is not None and any("flagos:1" in str(v) or v == 1 for v in params.params.values())
-    return in_params or any(s in src for s in ("flagos:1", "device(1)", "set_device(1)", "_all("))
+    in_params = params is not None and any(
+        isinstance(v, str) and _SECOND_DEVICE.search(v) for v in params.params.values())
+    return bool(in_params or _SECOND_DEVICE.search(src))
 
 
 def pytest_collection_modifyitems(config, items):

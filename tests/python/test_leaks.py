@@ -23,6 +23,13 @@ CHECK_EVERY = 1_000
 RSS_GROWTH_LIMIT = 0.05
 
 
+def under_address_sanitizer() -> bool:
+    """ASan (scripts/sanitize.sh) keeps freed memory in a quarantine: RSS then
+    grows by design, so the RSS bound is checked only without it."""
+    with open("/proc/self/maps") as f:
+        return any("libasan" in line or "libclang_rt.asan" in line for line in f)
+
+
 def rss_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -91,7 +98,8 @@ def test_training_steps_leave_device_memory_and_rss_flat():
     assert len(set(reserved.values())) == 1, report
     assert len(set(driver_allocs.values())) == 1, report
     growth = (rss_end - rss_warm) / rss_warm
-    assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth:.1%}: {report}"
+    if not under_address_sanitizer():
+        assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth:.1%}: {report}"
     # The steps really trained the model (the loop was not a no-op).
     assert final_loss < first_loss * 0.5, (first_loss, final_loss)
 
@@ -119,4 +127,5 @@ def test_inference_and_copies_leave_memory_flat():
     gc.collect()
     assert torch.flagos.memory_allocated(device) == allocated
     growth = (rss_bytes() - rss_warm) / rss_warm
-    assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth:.1%}"
+    if not under_address_sanitizer():
+        assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth:.1%}"

@@ -36,15 +36,16 @@ def test_torch_manual_seed_seeds_every_flagos_device():
 
 
 def test_flagos_manual_seed_makes_draws_reproducible():
+    devices = [f"flagos:{i}" for i in range(torch.flagos.device_count())]
     torch.flagos.manual_seed(7)
     a = draw()
     torch.flagos.manual_seed(7)
     assert torch.equal(draw(), a)
     torch.flagos.manual_seed_all(11)
-    b0, b1 = draw("flagos:0"), draw("flagos:1")
+    b = [draw(d) for d in devices]
     torch.flagos.manual_seed_all(11)
-    assert torch.equal(draw("flagos:0"), b0)
-    assert torch.equal(draw("flagos:1"), b1)
+    for d, ref in zip(devices, b):
+        assert torch.equal(draw(d), ref), d
 
 
 def test_flagos_manual_seed_only_seeds_current_device():
@@ -95,12 +96,13 @@ def test_rng_state_of_device_1_round_trips():
 
 
 def test_rng_state_all_round_trip():
+    devices = [f"flagos:{i}" for i in range(torch.flagos.device_count())]
     states = torch.flagos.get_rng_state_all()
-    assert len(states) == 2
-    a0, a1 = draw("flagos:0"), draw("flagos:1")
+    assert len(states) == len(devices)
+    a = [draw(d) for d in devices]
     torch.flagos.set_rng_state_all(states)
-    assert torch.equal(draw("flagos:0"), a0)
-    assert torch.equal(draw("flagos:1"), a1)
+    for d, ref in zip(devices, a):
+        assert torch.equal(draw(d), ref), d
 
 
 def test_per_device_generators_are_independent():
@@ -235,7 +237,7 @@ def test_initial_seed_reports_manual_seed():
     assert torch.flagos.initial_seed() == 31337
     torch.manual_seed(4242)
     assert torch.flagos.initial_seed() == 4242
-    torch.flagos.set_device(1)
+    torch.flagos.set_device(torch.flagos.device_count() - 1)  # flagos:1 with two devices
     assert torch.flagos.initial_seed() == 4242
 
 
@@ -306,5 +308,6 @@ def test_generator_set_state_with_bad_tensor_raises():
 
 
 def test_generator_on_out_of_range_device_raises():
-    with pytest.raises((IndexError, RuntimeError), match="0..1"):
-        torch.Generator(device="flagos:5")
+    n = torch.flagos.device_count()
+    with pytest.raises((IndexError, RuntimeError), match=rf"{n + 3}.*0\.\.{n - 1}"):
+        torch.Generator(device=f"flagos:{n + 3}")

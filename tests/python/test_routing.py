@@ -15,7 +15,10 @@ import torch_fl
 from conftest import run_py, start_py
 
 # On the host driver `cpu` and `native` are both available (the same zero-copy
-# CPU kernels); `cuda`, `flaggems`, `metax` and `ascend` are not.
+# CPU kernels); `cuda`, `flaggems`, `metax` and `ascend` are not. Children whose
+# expectations rest on that availability run on the host driver (HOST), so that
+# they mean the same on a GPU machine, where the default driver is `cuda`.
+HOST = {"FLAGOS_ACCELERATOR": "host"}
 
 PRINT_ROUTE = """
 import torch, torch_fl
@@ -44,7 +47,7 @@ def route_of(out, op="aten::mul.Tensor"):
 # ---- precedence -------------------------------------------------------------
 
 def test_default_route_is_native_on_the_host_driver():
-    rc, out, err = run_py(PRINT_ROUTE)
+    rc, out, err = run_py(PRINT_ROUTE, env=HOST)
     assert rc == 0, err
     assert route_of(out) == "native default False"
 
@@ -110,7 +113,7 @@ print("C", route())
 
 def test_chain_takes_the_first_available_backend(tmp_path):
     conf = write(tmp_path, "b.conf", "mul = cuda, flaggems, cpu, native\n")
-    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf, **HOST})
     assert rc == 0, err
     assert route_of(out).startswith("cpu file ")
 
@@ -119,7 +122,7 @@ def test_chain_takes_the_first_available_backend(tmp_path):
 def test_spec_aliases_of_flaggems_are_accepted(tmp_path, alias):
     # FlagGems is not available on the host driver, so the chain goes on to cpu.
     conf = write(tmp_path, "b.conf", f"mul = {alias}, cpu\n")
-    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf})
+    rc, out, err = run_py(PRINT_ROUTE, env={"FLAGOS_BACKEND_CONFIG": conf, **HOST})
     assert rc == 0, err
     assert route_of(out).startswith("cpu file ")
 
@@ -136,7 +139,7 @@ def test_spec_aliases_of_flaggems_are_accepted(tmp_path, alias):
 ])
 def test_config_mistakes_raise_at_import_with_location(tmp_path, text, expected):
     conf = write(tmp_path, "b.conf", text)
-    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": conf})
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": conf, **HOST})
     assert rc != 0
     assert "ConfigError" in err
     for piece in expected:
@@ -165,7 +168,7 @@ def test_all_mistakes_of_a_file_are_reported_in_one_run(tmp_path):
     ({"FLAGOS_LOG_DISPATCH": "1", "FLAGOS_LOG_FILE": "/nonexistent/dir/log"}, ["FLAGOS_LOG_FILE", "cannot be opened"]),
 ])
 def test_bad_routing_environment_raises_at_import(env, expected):
-    rc, out, err = run_py("import torch_fl", env=env)
+    rc, out, err = run_py("import torch_fl", env={**env, **HOST})
     assert rc != 0, out
     for piece in expected:
         assert piece in err, f"{piece!r} missing from:\n{err}"
@@ -204,7 +207,9 @@ assert torch.allclose(y.cpu(), x.cpu() * 2)
 s = [s for s in torch_fl.routing.stats() if s.op == "aten::mul.Tensor"][0]
 print("FALLBACKS", s.cpu_fallbacks, s.calls)
 """
-NON_STRICT_CUDA = {"FLAGOS_CONFIG_STRICT": "0", "FLAGOS_OP_mul": "cuda"}
+# `cuda` is unavailable on the host driver: with strict checking off, the route
+# falls back to the CPU.
+NON_STRICT_CUDA = {"FLAGOS_CONFIG_STRICT": "0", "FLAGOS_OP_mul": "cuda", **HOST}
 
 
 def test_fallback_warns_once_per_op_and_is_counted():
@@ -266,8 +271,9 @@ def test_no_dispatch_log_by_default():
 def test_set_route_rejects_unknown_op_and_unavailable_backend():
     with pytest.raises(ValueError, match="unknown operator 'sofmax'.*Did you mean 'softmax'"):
         torch_fl.routing.set_route("sofmax", "cpu")
-    with pytest.raises(ValueError, match="no backend in the chain is available here"):
-        torch_fl.routing.set_route("mm", "cuda")
+    if torch_fl.driver() == "host":  # the cuda driver has `cuda`
+        with pytest.raises(ValueError, match="no backend in the chain is available here"):
+            torch_fl.routing.set_route("mm", "cuda")
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         torch_fl.routing.set_route("mm", "gpu")
     with pytest.raises(TypeError):
@@ -314,7 +320,11 @@ def test_route_changes_while_threads_run_ops_are_safe():
 
 
 def test_available_backends_and_config_path():
-    assert torch_fl.routing.available_backends() == ["cpu", "native"]
+    backends = torch_fl.routing.available_backends()
+    if torch_fl.driver() == "host":
+        assert backends == ["cpu", "native"]
+    else:  # the driver's own backend, and the two every driver has
+        assert {"cpu", "native", torch_fl.driver()} <= set(backends), backends
     assert torch_fl.routing.config_path().endswith("backends.conf")
 
 
@@ -326,7 +336,9 @@ def test_cli_info_routes_and_check_config(tmp_path):
     plain = start_py("", module="torch_fl")  # `python -m torch_fl` means info
     info = run_py("import sys; from torch_fl.__main__ import main; sys.exit(main(['info']))")
     assert info[0] == 0, info[2]
-    for key in ("torch_fl", "torch ", "driver        host", "devices", "FlagGems", "config"):
+    # The children inherit this process's environment, so its driver.
+    driver_line = f"driver        {torch_fl.driver()}"
+    for key in ("torch_fl", "torch ", driver_line, "devices", "FlagGems", "config"):
         assert key in info[1]
     routes = run_py("import sys, torch, torch_fl\nx = torch.randn(3, 3, device='flagos'); x @ x\n"
                     "from torch_fl.__main__ import main; sys.exit(main(['routes', '--op', 'mm']))")
@@ -339,7 +351,7 @@ def test_cli_info_routes_and_check_config(tmp_path):
     assert "3 error(s)" in ko[1]
     assert "Did you mean 'cuda'?" in ko[1] and "Did you mean 'softmax'?" in ko[1]
     rc, out, err = plain.result()
-    assert rc == 0 and "driver        host" in out, err
+    assert rc == 0 and driver_line in out, err
 
 
 # ---- fuzzing the parser ----------------------------------------------------------

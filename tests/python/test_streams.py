@@ -6,6 +6,7 @@ import pytest
 import torch
 
 DEV1 = torch.device("flagos", 1)
+two_devices = pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +109,7 @@ def test_ops_on_a_side_stream_are_correct():
     torch.testing.assert_close(b.cpu(), a_cpu @ a_cpu + 1, rtol=1e-4, atol=1e-4)
 
 
+@two_devices
 def test_streams_per_device():
     s1 = torch.flagos.Stream(device=1)
     assert s1.device == DEV1
@@ -125,6 +127,7 @@ def test_streams_per_device():
     assert torch.flagos.current_stream(1) == torch.flagos.default_stream(1)
 
 
+@two_devices
 def test_current_stream_is_per_device():
     s0 = torch.flagos.Stream(device=0)
     s1 = torch.flagos.Stream(device=1)
@@ -224,7 +227,9 @@ def test_event_elapsed_time_measures_sleep():
     end.record()
     end.synchronize()
     ms = start.elapsed_time(end)
-    assert 40.0 <= ms < 2000.0  # host driver: work (and the sleep) runs inline
+    # host driver: work (and the sleep) runs inline; cuda driver: an idle stream
+    # records each event as it is submitted
+    assert 40.0 <= ms < 2000.0
 
 
 def test_event_elapsed_time_is_non_negative_for_back_to_back_records():
@@ -258,5 +263,6 @@ def test_event_on_device_1_stream():
     assert e.device.index == 1
     e.synchronize()
     # an event recorded on device 1 cannot then be recorded on device 0
-    with pytest.raises(RuntimeError, match="flagos:1.*flagos:0"):
+    # (the cuda driver forwards to PyTorch's CUDA guard, which words it so)
+    with pytest.raises(RuntimeError, match="flagos:1.*flagos:0|device index 1.*device index 0"):
         e.record(torch.flagos.default_stream(0))

@@ -8,10 +8,10 @@ thread joined within its timeout (no deadlock), no wrong value, and the
 allocator's byte count back where it started. A second test changes routes
 with torch_fl.routing.set_route while the workers run.
 
-The host driver runs kernels inline on the calling thread, so these tests
-exercise the runtime's shared state (allocator pools, stream tables, plan
+The host driver runs kernels inline on the calling thread, so there these
+tests exercise the runtime's shared state (allocator pools, stream tables, plan
 cache, routing epoch, per-thread current device and stream) under real
-contention; they do not model asynchronous device queues.
+contention; on the cuda driver the streams are real asynchronous CUDA streams.
 """
 
 import gc
@@ -28,19 +28,35 @@ THREADS = 8
 ITERATIONS = 60
 JOIN_TIMEOUT_S = 120
 
-# Operators the routing thread flips between the two host backends. Both run
-# PyTorch's CPU kernels, so results must not change whatever the route.
+# Operators the routing thread flips between two backends every driver has:
+# `cpu` and `native`. On the host driver both run PyTorch's CPU kernels; on the
+# cuda driver `native` is CUDA's kernels and `cpu` a copy round trip through the
+# CPU's. Results must stay correct whatever the route.
 ROUTED_OPS = ["mm", "add.Tensor", "_softmax", "index.Tensor", "sum", "mul_.Tensor", "addmm"]
 BACKENDS = ["cpu", "native"]
 
+ON_HOST = torch_fl.driver() == "host"
+# Against the CPU reference: the host driver runs the same kernels; CUDA's
+# round differently (reduction order, cuBLAS).
+TOL = 1e-5 if ON_HOST else 1e-4
+
 
 def _total_allocated():
+    gc.collect()
+    if not ON_HOST:
+        # cuBLAS keeps a workspace, from the same CUDA allocator, for every
+        # (handle, stream) pair it has seen; new streams make new ones. They
+        # are the library's cache, not tensors: release them before counting.
+        torch.flagos.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
     return sum(torch.flagos.memory_allocated(d) for d in range(torch.flagos.device_count()))
 
 
 def _assert_close(actual, expected, what):
     assert actual.device.type == "flagos", f"{what}: result on {actual.device}"
-    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5,
+    torch.testing.assert_close(actual.cpu(), expected, rtol=TOL, atol=TOL,
                                msg=lambda m: f"{what}: {m}")
 
 
@@ -96,7 +112,7 @@ def _one_iteration(gen, device, other_device, it):
 
     # flagos -> cpu, then explicit frees
     out = (a @ b).softmax(-1).cpu()
-    torch.testing.assert_close(out, (a_cpu @ b_cpu).softmax(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, (a_cpu @ b_cpu).softmax(-1), rtol=TOL, atol=TOL)
     del a, b, c, c2, far, back, idx
 
 
@@ -192,7 +208,7 @@ def test_routes_change_while_threads_run_ops(settled_memory):
     assert mm.get("cpu", 0) > 0 and mm.get("native", 0) > 0, calls.get("aten::mm")
     gc.collect()
     assert _total_allocated() == settled_memory
-    # The overrides are gone: the default route is back.
+    # The overrides are gone: no route comes from the API any more.
     x = torch.ones(2, 2, device="flagos")
     (x @ x).cpu()
-    assert torch_fl.routing.table("mm")[0].source == "default"
+    assert all(r.source != "api" for r in torch_fl.routing.table()), torch_fl.routing.table()
