@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <pthread.h>
 
 #include <c10/util/Exception.h>
@@ -52,14 +53,17 @@ c10::DeviceIndex device_count() noexcept {
 }
 
 void check_device_index(c10::DeviceIndex index) {
-  auto n = device_count();
-  TORCH_CHECK_INDEX(index >= 0 && index < n, "flagos device index ",
-                    static_cast<int>(index), " is out of range: this process has ",
-                    static_cast<int>(n), " flagos device(s), valid indices are 0..",
-                    static_cast<int>(n) - 1,
-                    n == 1 && driver().name() == "host"
-                        ? " (the host driver's count is set by FLAGOS_HOST_DEVICES)"
-                        : "");
+  const int n = device_count();
+  if (index >= 0 && index < n) return;
+  // Built as a std::string first: the message is assembled once, off the
+  // hot path, with nothing but standard string operations.
+  std::string msg = "flagos device index " + std::to_string(static_cast<int>(index)) +
+                    " is out of range: this process has " + std::to_string(n) +
+                    " flagos device(s), valid indices are 0.." + std::to_string(n - 1);
+  if (std::string(driver().name()) == "host") {
+    msg += " (the host driver's count is set by FLAGOS_HOST_DEVICES)";
+  }
+  TORCH_CHECK_INDEX(false, msg);
 }
 
 c10::DeviceIndex resolve_device(c10::DeviceIndex index) {
