@@ -40,6 +40,72 @@ struct DeviceOf {
 
 namespace {
 
+// Rewrites the operator's tensor and Device arguments in place: every tensor
+// becomes convert(tensor, is_write, in_index_list); a flagos Device argument
+// is reported to device.see() and becomes `replacement`. Generators are left
+// to the caller (they need the device first).
+template <typename Convert>
+void translate_arguments(const OpPlan& plan, torch::jit::Stack* stack, size_t base,
+                         DeviceOf& device, c10::Device replacement, Convert&& convert) {
+  for (const ArgSlot& slot : plan.slots) {
+    c10::IValue& v = (*stack)[base + slot.index];
+    switch (slot.kind) {
+      case ArgKind::kTensor:
+        if (v.isTensor()) v = convert(v.toTensor(), slot.is_write, false);
+        break;
+      case ArgKind::kTensorList: {
+        if (!v.isTensorList()) break;
+        auto in = v.toTensorList();
+        c10::List<at::Tensor> out;
+        out.reserve(in.size());
+        for (const at::Tensor& t : in) out.push_back(convert(t, slot.is_write, false));
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kOptionalTensorList: {
+        if (!v.isOptionalTensorList()) break;
+        auto in = v.toOptionalTensorList();
+        c10::List<std::optional<at::Tensor>> out;
+        out.reserve(in.size());
+        for (const std::optional<at::Tensor>& t : in) {
+          out.push_back(t.has_value()
+                            ? std::optional<at::Tensor>(convert(*t, slot.is_write, true))
+                            : std::nullopt);
+        }
+        v = std::move(out);
+        break;
+      }
+      case ArgKind::kDevice:
+        if (v.isDevice() && v.toDevice().type() == kFlagos) {
+          auto d = v.toDevice();
+          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
+          v = c10::IValue(replacement);
+        }
+        break;
+      case ArgKind::kGenerator:
+        break;
+    }
+  }
+}
+
+// Replaces the results on the stack by map(result), lists element-wise.
+template <typename Map>
+void translate_results(const OpPlan& plan, torch::jit::Stack* stack, Map&& map) {
+  const size_t ret_base = stack->size() - plan.num_returns;
+  for (size_t i = ret_base; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (r.isTensor()) {
+      r = map(r.toTensor());
+    } else if (r.isTensorList()) {
+      auto in = r.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(in.size());
+      for (const at::Tensor& t : in) out.push_back(map(t));
+      r = std::move(out);
+    }
+  }
+}
+
 // Runs `call` with every flagos argument on the stack replaced by its native
 // view, then maps results and written arguments back (see the header).
 template <typename Call>
@@ -62,8 +128,8 @@ void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
                 "least two devices, flagos and ", t.device(), "! (in ",
                 op.schema().operator_name(), ")");
   };
-  auto convert = [&](const at::Tensor& t, bool is_write,
-                     bool index_list = false) -> at::Tensor {
+  translate_arguments(plan, stack, base, device, c10::Device(NativeViews::native_type()),
+                      [&](const at::Tensor& t, bool is_write, bool index_list) -> at::Tensor {
     if (!is_flagos(t)) {
       if (t.defined()) foreign.emplace_back(t, index_list);
       return t;
@@ -72,48 +138,7 @@ void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
     at::Tensor native = views.to_native(t);
     if (is_write) written.emplace_back(t, native);
     return native;
-  };
-
-  for (const ArgSlot& slot : plan.slots) {
-    c10::IValue& v = (*stack)[base + slot.index];
-    switch (slot.kind) {
-      case ArgKind::kTensor:
-        if (v.isTensor()) v = convert(v.toTensor(), slot.is_write);
-        break;
-      case ArgKind::kTensorList: {
-        if (!v.isTensorList()) break;
-        auto in = v.toTensorList();
-        c10::List<at::Tensor> out;
-        out.reserve(in.size());
-        for (const at::Tensor& t : in) out.push_back(convert(t, slot.is_write));
-        v = std::move(out);
-        break;
-      }
-      case ArgKind::kOptionalTensorList: {
-        if (!v.isOptionalTensorList()) break;
-        auto in = v.toOptionalTensorList();
-        c10::List<std::optional<at::Tensor>> out;
-        out.reserve(in.size());
-        for (const std::optional<at::Tensor>& t : in) {
-          out.push_back(t.has_value()
-                            ? std::optional<at::Tensor>(
-                                  convert(*t, slot.is_write, /*index_list=*/true))
-                            : std::nullopt);
-        }
-        v = std::move(out);
-        break;
-      }
-      case ArgKind::kDevice:
-        if (v.isDevice() && v.toDevice().type() == kFlagos) {
-          auto d = v.toDevice();
-          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
-          v = c10::IValue(c10::Device(NativeViews::native_type()));
-        }
-        break;
-      case ArgKind::kGenerator:
-        break;  // after the device is known
-    }
-  }
+  });
   if (device.index == -1) {
     device.index = runtime::current_device();
   } else {
@@ -140,19 +165,8 @@ void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
 
   for (auto& [flagos, native] : written) views.sync_back(flagos, native);
 
-  const size_t ret_base = stack->size() - plan.num_returns;
-  for (size_t i = ret_base; i < stack->size(); ++i) {
-    c10::IValue& r = (*stack)[i];
-    if (r.isTensor()) {
-      r = views.to_flagos(r.toTensor(), device.index);
-    } else if (r.isTensorList()) {
-      auto in = r.toTensorList();
-      c10::List<at::Tensor> out;
-      out.reserve(in.size());
-      for (const at::Tensor& t : in) out.push_back(views.to_flagos(t, device.index));
-      r = std::move(out);
-    }
-  }
+  translate_results(plan, stack,
+                    [&](const at::Tensor& r) { return views.to_flagos(r, device.index); });
 }
 
 }  // namespace
@@ -188,48 +202,18 @@ void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
   DeviceOf device{-1, op};
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (flagos, cpu)
 
-  auto to_cpu = [&](const at::Tensor& t, bool is_write) -> at::Tensor {
+  translate_arguments(plan, stack, base, device, c10::Device(c10::kCPU),
+                      [&](const at::Tensor& t, bool is_write, bool) -> at::Tensor {
     if (!is_flagos(t)) return t;
     device.see(t.device().index());
     at::Tensor cpu = views.to_native(t).to(c10::kCPU);
     if (is_write) written.emplace_back(t, cpu);
     return cpu;
-  };
+  });
+  // A flagos generator cannot drive a CPU kernel: CPU's default does.
   for (const ArgSlot& slot : plan.slots) {
     c10::IValue& v = (*stack)[base + slot.index];
-    switch (slot.kind) {
-      case ArgKind::kTensor:
-        if (v.isTensor()) v = to_cpu(v.toTensor(), slot.is_write);
-        break;
-      case ArgKind::kTensorList: {
-        if (!v.isTensorList()) break;
-        c10::List<at::Tensor> out;
-        for (const at::Tensor& t : v.toTensorList()) out.push_back(to_cpu(t, slot.is_write));
-        v = std::move(out);
-        break;
-      }
-      case ArgKind::kOptionalTensorList: {
-        if (!v.isOptionalTensorList()) break;
-        c10::List<std::optional<at::Tensor>> out;
-        for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-          out.push_back(t.has_value() ? std::optional<at::Tensor>(to_cpu(*t, slot.is_write))
-                                      : std::nullopt);
-        }
-        v = std::move(out);
-        break;
-      }
-      case ArgKind::kDevice:
-        if (v.isDevice() && v.toDevice().type() == kFlagos) {
-          auto d = v.toDevice();
-          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
-          v = c10::IValue(c10::Device(c10::kCPU));
-        }
-        break;
-      case ArgKind::kGenerator:
-        // A flagos generator cannot drive a CPU kernel: CPU's default does.
-        if (v.isGenerator()) v = c10::IValue();
-        break;
-    }
+    if (slot.kind == ArgKind::kGenerator && v.isGenerator()) v = c10::IValue();
   }
   if (device.index == -1) device.index = runtime::current_device();
 
@@ -249,17 +233,7 @@ void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
     at::Tensor moved = r.to(c10::Device(NativeViews::native_type(), device.index));
     return views.to_flagos(moved, device.index);
   };
-  const size_t ret_base = stack->size() - plan.num_returns;
-  for (size_t i = ret_base; i < stack->size(); ++i) {
-    c10::IValue& r = (*stack)[i];
-    if (r.isTensor()) {
-      r = back(r.toTensor());
-    } else if (r.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : r.toTensorList()) out.push_back(back(t));
-      r = std::move(out);
-    }
-  }
+  translate_results(plan, stack, back);
 }
 
 }  // namespace torch_fl::aten
