@@ -261,10 +261,6 @@ print("IS_INITIALIZED", before, after)
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch.flagos.is_initialized() is `not _is_in_bad_fork()` (torch_fl/flagos/_device.py), "
-    "so it is True before the device was ever used; torch.cuda.is_initialized() is False "
-    "until the first use"))
 def test_is_initialized_is_false_until_first_use(run_py):
     rc, out, err = run_py(IS_INITIALIZED)
     assert rc == 0, err

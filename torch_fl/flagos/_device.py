@@ -102,7 +102,8 @@ def _is_in_bad_fork() -> bool:
 
 
 def is_initialized() -> bool:
-    return not _is_in_bad_fork()
+    """True once this process has used the device (as torch.cuda.is_initialized)."""
+    return _C._is_initialized() and not _is_in_bad_fork()
 
 
 def _lazy_init() -> None:
