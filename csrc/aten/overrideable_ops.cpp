@@ -23,6 +23,15 @@
 namespace torch_fl::aten {
 namespace {
 
+// The native convolution checks that its tensors share a device; here the
+// views would all be native tensors, so flagos checks first, as CUDA would.
+void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* what) {
+  if (!t.defined()) return;
+  TORCH_CHECK(t.device() == ref.device(), "Expected all tensors to be on the same device, "
+              "but found at least two devices, ", ref.device(), " and ", t.device(),
+              "! (convolution ", what, ")");
+}
+
 std::optional<at::Tensor> native_opt(NativeViews& v, const std::optional<at::Tensor>& t) {
   if (!t.has_value() || !t->defined()) return t;
   return v.to_native(*t);
@@ -33,6 +42,8 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     c10::IntArrayRef stride, c10::IntArrayRef padding,
                                     c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef output_padding, int64_t groups) {
+  check_same_device(input, weight, "weight");
+  if (bias.has_value()) check_same_device(input, *bias, "bias");
   const auto device = input.device().index();
   c10::DeviceGuard guard(input.device());
   NativeViews views;
@@ -51,6 +62,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
     bool transposed, c10::IntArrayRef output_padding, int64_t groups,
     std::array<bool, 3> output_mask) {
+  check_same_device(input, weight, "weight");
+  check_same_device(input, grad_output, "grad_output");
   const auto device = input.device().index();
   c10::DeviceGuard guard(input.device());
   NativeViews views;

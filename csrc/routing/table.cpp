@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -195,14 +196,22 @@ bool parse_flag(const char* name, bool dflt, std::vector<std::string>* problems)
 }
 
 std::optional<std::string> read_file(const std::string& path, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot read config file '" + path + "': " +
-             (std::ifstream(path).good() ? "read error" : "no such file or not readable");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    *error = "cannot read config file '" + path + "': no such file";
     return std::nullopt;
   }
+  if (std::filesystem::is_directory(path, ec)) {
+    *error = "cannot read config file '" + path + "': it is a directory";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
-  ss << in.rdbuf();
+  if (in) ss << in.rdbuf();
+  if (!in || in.bad()) {
+    *error = "cannot read config file '" + path + "': not readable";
+    return std::nullopt;
+  }
   return ss.str();
 }
 

@@ -67,7 +67,9 @@ void check_device_index(c10::DeviceIndex index) {
 }
 
 c10::DeviceIndex resolve_device(c10::DeviceIndex index) {
-  if (index < 0) return current_device();
+  // Only -1 means "current": another negative index is a mistake (or a
+  // "flagos:128" that PyTorch wrapped into int8).
+  if (index == -1) return current_device();
   check_device_index(index);
   return index;
 }
