@@ -13,7 +13,7 @@ import warnings
 def load() -> None:
     try:
         import torch_fl  # noqa: F401
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, ImportError) as e:
         for name in [m for m in sys.modules if m == "torch_fl" or m.startswith("torch_fl.")]:
             if name != "torch_fl._C":  # the extension stays loaded; re-import re-validates
                 del sys.modules[name]

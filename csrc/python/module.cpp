@@ -2,6 +2,8 @@
 // events need no binding: torch.Stream / torch.Event reach the flagos device
 // guard directly.
 
+#include <limits>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
@@ -26,6 +28,14 @@ using runtime::device_allocator;
 
 // Runs `f`, turning C++ errors into the Python exceptions torch users expect
 // (IndexError, ValueError, torch.OutOfMemoryError, RuntimeError).
+// A Python int as a device index: values outside DeviceIndex's range are
+// rejected here rather than wrapped into a different, valid-looking index.
+c10::DeviceIndex to_index(int d) {
+  TORCH_CHECK_INDEX(d >= -1 && d <= std::numeric_limits<c10::DeviceIndex>::max(),
+                    "flagos device index ", d, " is out of range");
+  return static_cast<c10::DeviceIndex>(d);
+}
+
 template <typename F>
 auto guarded(F&& f) {
   HANDLE_TH_ERRORS
@@ -37,8 +47,8 @@ auto guarded(F&& f) {
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-py::dict memory_stats(c10::DeviceIndex device) {
-  auto stats = guarded([&] { return device_allocator().getDeviceStats(device); });
+py::dict memory_stats(int device) {
+  auto stats = guarded([&] { return device_allocator().getDeviceStats(to_index(device)); });
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
   auto add_array = [&](const char* name, const auto& arr) {
@@ -141,38 +151,38 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_set_device", [](int d) {
     guarded([&] {
-      runtime::set_device(static_cast<c10::DeviceIndex>(d));
+      runtime::set_device(python::to_index(d));
       return 0;
     });
   });
   m.def("_exchange_device", [](int d) {
     return guarded([&] {
       auto prev = runtime::current_device();
-      if (d >= 0 && d != prev) runtime::set_device(static_cast<c10::DeviceIndex>(d));
+      if (d >= 0 && d != prev) runtime::set_device(python::to_index(d));
       return static_cast<int>(prev);
     });
   });
   m.def("_synchronize", [](int d) {
     guarded([&] {
-      auto index = runtime::resolve_device(static_cast<c10::DeviceIndex>(d));
+      auto index = runtime::resolve_device(python::to_index(d));
       py::gil_scoped_release no_gil;
       hal::driver().synchronizeDevice(index);
       return 0;
     });
   });
   m.def("_memory_stats", [](int d) {
-    return python::memory_stats(static_cast<c10::DeviceIndex>(d));
+    return python::memory_stats(d);
   });
   m.def("_reset_peak_memory_stats", [](int d) {
     guarded([&] {
-      runtime::device_allocator().resetPeakStats(static_cast<c10::DeviceIndex>(d));
+      runtime::device_allocator().resetPeakStats(python::to_index(d));
       return 0;
     });
   });
   m.def("_reset_accumulated_memory_stats", [](int d) {
     guarded([&] {
       runtime::device_allocator().resetAccumulatedStats(
-          static_cast<c10::DeviceIndex>(d));
+          python::to_index(d));
       return 0;
     });
   });
@@ -185,13 +195,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_mem_get_info", [](int d) {
     return guarded([&] {
       return runtime::device_allocator().getMemoryInfo(
-          static_cast<c10::DeviceIndex>(d));
+          python::to_index(d));
     });
   });
   m.def("_get_default_generator", [](int d) {
     return guarded([&] {
       const auto& gen =
-          runtime::default_generator(static_cast<c10::DeviceIndex>(d));
+          runtime::default_generator(python::to_index(d));
       return py::reinterpret_steal<py::object>(
           THPGenerator_initDefaultGenerator(gen));
     });

@@ -134,6 +134,9 @@ std::string ConfigError::to_string() const {
 
 std::string closest_match(std::string_view word,
                           const std::vector<std::string>& candidates) {
+  // No operator or backend name is this long: no plausible misspelling, and
+  // the edit distance to thousands of names would cost seconds.
+  if (word.size() > 64) return std::string();
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const auto& c : candidates) {

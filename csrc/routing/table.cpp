@@ -201,8 +201,9 @@ std::optional<std::string> read_file(const std::string& path, std::string* error
     *error = "cannot read config file '" + path + "': no such file";
     return std::nullopt;
   }
-  if (std::filesystem::is_directory(path, ec)) {
-    *error = "cannot read config file '" + path + "': it is a directory";
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    // A directory, FIFO or device would read as empty, block or never end.
+    *error = "cannot read config file '" + path + "': not a regular file";
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);
