@@ -33,3 +33,6 @@ echo "[test] Python tests"
 # pytest (not python -m pytest): the source tree must not shadow the
 # installed package on sys.path.
 "$VENV/bin/pytest" tests/python -q -rs "$@"
+
+echo "[test] sanitizers: ASan+UBSan (C++ units, Python slice), TSan (C++ concurrency)"
+PYTHON="$VENV/bin/python" bash scripts/sanitize.sh
