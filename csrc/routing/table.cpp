@@ -201,6 +201,7 @@ std::optional<std::string> read_file(const std::string& path, std::string* error
     *error = "cannot read config file '" + path + "': no such file";
     return std::nullopt;
   }
+  if (path == "/dev/null") return std::string();  // the usual "no configuration"
   if (!std::filesystem::is_regular_file(path, ec)) {
     // A directory, FIFO or device would read as empty, block or never end.
     *error = "cannot read config file '" + path + "': not a regular file";
