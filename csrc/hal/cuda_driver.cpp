@@ -20,6 +20,26 @@ void check(cudaError_t err, const char* what) {
   }
 }
 
+// Makes `device` current for a scope and restores the previous device: the
+// HAL's calls name their device, CUDA's act on the current one.
+class DeviceSwitch {
+ public:
+  explicit DeviceSwitch(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    switched_ = previous_ != device;
+  }
+  ~DeviceSwitch() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  DeviceSwitch(const DeviceSwitch&) = delete;
+  DeviceSwitch& operator=(const DeviceSwitch&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
 class CudaDriver final : public Driver {
  public:
   explicit CudaDriver(int count) : count_(count) {}
@@ -35,19 +55,14 @@ class CudaDriver final : public Driver {
     return d;
   }
   void synchronizeDevice(int device) override {
-    int prev = currentDevice();
-    if (prev != device) setDevice(device);
-    cudaError_t err = cudaDeviceSynchronize();
-    if (prev != device) setDevice(prev);
-    check(err, "cudaDeviceSynchronize");
+    DeviceSwitch on(device);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
   void* allocate(int device, size_t nbytes) override {
-    int prev = currentDevice();
-    if (prev != device) setDevice(device);
+    DeviceSwitch on(device);
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, nbytes);
-    if (prev != device) setDevice(prev);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // clear the sticky-free error state
       return nullptr;
@@ -59,12 +74,9 @@ class CudaDriver final : public Driver {
     (void)cudaFree(ptr);
   }
   MemoryInfo memoryInfo(int device) const override {
-    int prev = currentDevice();
-    if (prev != device) check(cudaSetDevice(device), "cudaSetDevice");
+    DeviceSwitch on(device);
     size_t free_b = 0, total_b = 0;
-    cudaError_t err = cudaMemGetInfo(&free_b, &total_b);
-    if (prev != device) check(cudaSetDevice(prev), "cudaSetDevice");
-    check(err, "cudaMemGetInfo");
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     return {free_b, total_b};
   }
   void copy(void* dst, const void* src, size_t nbytes, CopyKind kind,
@@ -80,12 +92,10 @@ class CudaDriver final : public Driver {
 
   StreamHandle defaultStream(int /*device*/) override { return nullptr; }  // legacy stream
   StreamHandle createStream(int device, int priority) override {
-    int prev = currentDevice();
-    if (prev != device) setDevice(device);
+    DeviceSwitch on(device);
     cudaStream_t s = nullptr;
-    cudaError_t err = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority);
-    if (prev != device) setDevice(prev);
-    check(err, "cudaStreamCreateWithPriority");
+    check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority),
+          "cudaStreamCreateWithPriority");
     return s;
   }
   void destroyStream(StreamHandle stream) noexcept override {
@@ -105,13 +115,11 @@ class CudaDriver final : public Driver {
   }
 
   EventHandle createEvent(int device, bool enable_timing) override {
-    int prev = currentDevice();
-    if (prev != device) setDevice(device);
+    DeviceSwitch on(device);
     cudaEvent_t e = nullptr;
-    cudaError_t err = cudaEventCreateWithFlags(
-        &e, enable_timing ? cudaEventDefault : cudaEventDisableTiming);
-    if (prev != device) setDevice(prev);
-    check(err, "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(
+              &e, enable_timing ? cudaEventDefault : cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
     return e;
   }
   void destroyEvent(EventHandle event) noexcept override {

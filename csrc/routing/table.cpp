@@ -53,11 +53,13 @@ struct OpNames {
   std::vector<std::string> all;          // for "did you mean"
 };
 
-std::string short_name(const c10::OperatorName& n) {
-  std::string name = n.name;
-  if (name.rfind("aten::", 0) == 0) name = name.substr(6);
-  return name;
+// "aten::add.Tensor" -> "add.Tensor": routes name aten ops without their
+// namespace; other namespaces keep it.
+std::string without_aten(const std::string& name) {
+  return name.rfind("aten::", 0) == 0 ? name.substr(6) : name;
 }
+
+std::string short_name(const c10::OperatorName& n) { return without_aten(n.name); }
 
 OpNames collect_op_names() {
   OpNames out;
@@ -258,8 +260,7 @@ const Route* lookup(const std::unordered_map<std::string, Route>& m,
 // The route configured for an operator ("aten::add.Tensor"), by precedence
 // api > env > file and, within each, overload > base. Caller holds s.mu.
 const Route* find_route(const State& s, const std::string& plan_name) {
-  std::string full =
-      plan_name.rfind("aten::", 0) == 0 ? plan_name.substr(6) : plan_name;
+  std::string full = without_aten(plan_name);
   std::string base = full.substr(0, full.find('.'));
   for (const auto* m : {&s.api, &s.env, &s.file}) {
     if (const Route* r = lookup(*m, full, base)) return r;
@@ -428,7 +429,7 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
 
 void set_route(const std::string& op_text, const std::string& chain_text_in) {
   OpNames names = collect_op_names();
-  std::string op = op_text.rfind("aten::", 0) == 0 ? op_text.substr(6) : op_text;
+  std::string op = without_aten(op_text);
   TORCH_CHECK_VALUE(op_exists(names, op), "set_route: ", unknown_op_message(names, op));
   auto& s = state();
   if (chain_text_in.empty()) {
@@ -456,7 +457,7 @@ std::vector<Row> table() {
     const Route* r = find_route(s, plan.name);
     rows.push_back({plan.name, std::string(backend_name(plan.backend.load())),
                     r ? r->source : "default", true, plan.cpu_fallback.load()});
-    seen.insert(plan.name.rfind("aten::", 0) == 0 ? plan.name.substr(6) : plan.name);
+    seen.insert(without_aten(plan.name));
   });
   for (auto* m : {&s.api, &s.env, &s.file}) {
     for (const auto& [op, route] : *m) {
