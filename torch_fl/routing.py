@@ -63,8 +63,9 @@ def reload() -> None:
 def set_route(op: str, backends: str) -> None:
     """Routes ``op`` ("mm", "add.Tensor") through ``backends`` ("cuda" or "flaggems, cuda").
 
-    Takes precedence over the environment and the file; ``backends=""``
-    removes the override. Safe while other threads run operators: each
+    ``op="*"`` sets the chain of every operator that no route names. Takes
+    precedence over the environment and the file; ``backends=""`` removes
+    the override. Safe while other threads run operators: each
     operator picks up the new route on its next call.
     """
     if not isinstance(op, str) or not isinstance(backends, str):

@@ -37,7 +37,9 @@ bool is_name_char(char c) {
 }
 
 // name [. overload] with an optional "ns::" prefix; names are identifiers.
+// "*" is the default entry: every operator no other entry names.
 bool valid_op_name(std::string_view op) {
+  if (op == "*") return true;
   auto ns = op.find("::");
   if (ns != std::string_view::npos) {
     std::string_view space = op.substr(0, ns);
@@ -227,7 +229,7 @@ ParsedConfig parse_config(std::string_view text, const std::string& source) {
       out.errors.push_back({source, line_no, std::string(op),
                             "malformed op name '" + printable(op) +
                                 "': expected name[.overload] such as 'mm', "
-                                "'add.Tensor' or 'aten::mm.out'"});
+                                "'add.Tensor' or 'aten::mm.out', or '*'"});
       continue;
     }
     std::string name(op);

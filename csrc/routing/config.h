@@ -6,6 +6,7 @@
 // Grammar, one entry per line:
 //   line    := [ op "=" chain ] [ "#" comment ]
 //   op      := [ namespace "::" ] name [ "." overload ]     e.g. mm, add.Tensor, aten::mm.out
+//            | "*"                          the default: every operator no entry names
 //   chain   := backend { "," backend }                      first available wins
 //   backend := flaggems | flagos | flagos_python | flaggems_python   (all one backend)
 //            | cuda | cpu | native | metax | ascend

@@ -23,6 +23,7 @@ namespace torch_fl::routing {
 namespace {
 
 constexpr const char* kEnvPrefix = "FLAGOS_OP_";
+constexpr const char* kDefaultEntry = "*";  // `* = cuda`: every op no entry names
 
 struct Route {
   std::vector<Backend> chain;
@@ -78,7 +79,7 @@ bool is_aten(const std::string& op) { return op.find("::") == std::string::npos;
 bool op_exists(const OpNames& names, const std::string& op) {
   // Other namespaces may register after torch_fl loads: they are checked
   // when their operators are first called, not here.
-  if (!is_aten(op)) return true;
+  if (!is_aten(op) || op == kDefaultEntry) return true;
   return names.full.count(op) > 0 || names.base.count(op) > 0;
 }
 
@@ -258,12 +259,17 @@ const Route* lookup(const std::unordered_map<std::string, Route>& m,
 }
 
 // The route configured for an operator ("aten::add.Tensor"), by precedence
-// api > env > file and, within each, overload > base. Caller holds s.mu.
+// api > env > file and, within each, overload > base; an entry naming the
+// operator in any source wins over every `*` entry, which follow the same
+// source order. Caller holds s.mu.
 const Route* find_route(const State& s, const std::string& plan_name) {
   std::string full = without_aten(plan_name);
   std::string base = full.substr(0, full.find('.'));
   for (const auto* m : {&s.api, &s.env, &s.file}) {
     if (const Route* r = lookup(*m, full, base)) return r;
+  }
+  for (const auto* m : {&s.api, &s.env, &s.file}) {
+    if (const Route* r = lookup(*m, kDefaultEntry, kDefaultEntry)) return r;
   }
   return nullptr;
 }

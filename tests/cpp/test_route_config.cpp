@@ -38,6 +38,18 @@ TEST(RouteConfig, ParsesEntriesCommentsBlankLinesAndChains) {
   EXPECT_EQ(p.entries[3].op, "torchvision::nms") << "other namespaces are kept";
 }
 
+TEST(RouteConfig, StarIsTheDefaultEntryAndStandsAlone) {
+  auto p = parse("* = cuda, native\nmm = flaggems\n");
+  ASSERT_TRUE(p.errors.empty()) << p.errors[0].to_string();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].op, "*");
+  EXPECT_EQ(p.entries[0].chain, (std::vector<Backend>{Backend::kCuda, Backend::kNative}));
+  for (const char* bad : {"*.out = cuda", "aten::* = cuda", "** = cuda", "mm* = cuda"}) {
+    EXPECT_NE(only_error(bad).find("malformed op name"), std::string::npos) << bad;
+  }
+  EXPECT_NE(only_error("* = cuda\n* = cpu\n").find("routed twice"), std::string::npos);
+}
+
 TEST(RouteConfig, SpecAliasesAllMeanFlagGems) {
   for (const char* alias : {"flagos", "flagos_python", "flaggems_python", "flaggems"}) {
     auto p = parse(std::string("mm = ") + alias);
