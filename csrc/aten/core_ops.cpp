@@ -153,9 +153,24 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   runtime::device_allocator().recordStream(self.storage().data_ptr(), stream);
 }
 
+// Whether `from` may replace `self`'s data in place (param.data = from).
+// c10 only knows its own dense backends as mutually compatible, so without
+// this nn.Module.to("flagos") makes a new Parameter per module and unties
+// shared weights (a language model's embedding and output layer).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    auto type = t.device().type();
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (type == kFlagos || type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self) && dense(from));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));

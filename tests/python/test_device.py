@@ -366,3 +366,18 @@ def test_forked_child_cannot_use_an_initialised_device():
     assert "fork" in message and "spawn" in message
     assert "bad_fork=True" in message
     assert not torch.flagos._is_in_bad_fork()
+
+
+def test_module_to_flagos_keeps_tied_weights():
+    """c10 knows only its own dense backends as shallow-copy compatible; flagos
+    registers aten::_has_compatible_shallow_copy_type so that Module.to keeps
+    each Parameter (and so tied weights) instead of making one per module."""
+    emb = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = emb.weight
+    param = emb.weight
+    model = torch.nn.ModuleList([emb, head]).to("flagos")
+    assert model[1].weight is model[0].weight
+    assert model[0].weight is param and param.device.type == "flagos"  # optimizers keep it
+    model.to("cpu")
+    assert model[1].weight is model[0].weight is param and param.device.type == "cpu"
