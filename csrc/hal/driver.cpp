@@ -24,6 +24,7 @@ Entry* extra_drivers() {
 
 std::unique_ptr<Driver> make_driver() {
   std::string choice = env_value("FLAGOS_ACCELERATOR").value_or("auto");
+  HostDriver::check_environment();
   if (choice == "host") return std::make_unique<HostDriver>();
   for (Entry* e = extra_drivers(); e->name != nullptr; ++e) {
     if (choice == e->name || choice == "auto") {

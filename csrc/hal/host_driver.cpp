@@ -49,6 +49,11 @@ HostDriver::HostDriver()
                                           kMaxHostDevices)),
                  env_byte_size("FLAGOS_HOST_MEMORY_LIMIT")) {}
 
+void HostDriver::check_environment() {
+  env_int("FLAGOS_HOST_DEVICES", 1, 1, kMaxHostDevices);
+  env_byte_size("FLAGOS_HOST_MEMORY_LIMIT");
+}
+
 HostDriver::HostDriver(int device_count, std::optional<size_t> capacity)
     : capacity_(capacity) {
   if (device_count < 1 || device_count > kMaxHostDevices) {

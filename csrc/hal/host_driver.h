@@ -22,6 +22,9 @@ class HostDriver final : public Driver {
  public:
   // Reads the environment; throws ConfigError on a malformed value.
   HostDriver();
+  // Throws ConfigError when FLAGOS_HOST_* holds a malformed value; run
+  // whichever driver is chosen, so a mistake never hides behind another one.
+  static void check_environment();
   // For tests: explicit device count and per-device capacity (nullopt: none).
   HostDriver(int device_count, std::optional<size_t> capacity);
   ~HostDriver() override;
