@@ -27,6 +27,9 @@ import torch
 
 from . import _C
 
+_HOPPER_FLAT = ("on Hopper FlagGems treats the tensor as a flat contiguous buffer of numel() "
+                "elements, so a strided view (a diagonal, a transpose) ")
+
 # aten name -> why flagos does not take FlagGems' kernel for it.
 EXCLUDED = {
     "_to_copy": "device-core: flagos copies through its own _copy_from",
@@ -47,6 +50,45 @@ EXCLUDED = {
     "rand": "factory: its Device argument is flagos, which FlagGems does not know",
     "randperm": "factory: its Device argument is flagos, which FlagGems does not know",
     "_assert_async": "needs no kernel of its own",
+    # Proved wrong by the OpInfo sweep against native CUDA (flag-gems 5.0.2,
+    # H100; tests/python/test_flaggems.py, docs/flaggems.md has the table).
+    "mul.Tensor": "wrong results: " + _HOPPER_FLAT + "is read as other elements; same-rank "
+                  "operands are also taken to have one shape (no broadcasting)",
+    "mm": "raises 'strides must be 16-byte aligned' on Hopper for ordinary shapes (a float32 "
+          "matrix with a row length not a multiple of 4)",
+    "mm.out": "as mm",
+    "_upsample_nearest_exact1d": "wrong results (nearest-exact interpolation picks other sources)",
+    "addcdiv": "raises on a broadcast input ('out tensor at index 0 shape is invalid')",
+    "avg_pool2d": "wrong results with padding / ceil_mode (avg_pool1d samples)",
+    "avg_pool2d_backward": "wrong gradients, as avg_pool2d",
+    "native_batch_norm": "wrong save_mean / save_invstd (result[1], result[2])",
+    "native_batch_norm_backward": "wrong gradients",
+    "native_layer_norm": "returns mean and rstd as [N] where ATen's contract is [*batch, 1, ...]",
+    "linalg_vector_norm": "wrong results (1e12 off) on strided inputs (F.normalize samples)",
+    "scatter_add_": "wrong results (cummax backward: 40% of the elements)",
+    "div.Tensor_mode": "Triton compilation error in bfloat16 and float16 (rounding_mode='trunc')",
+    "floor_divide": "Triton compilation error in bfloat16 and float16",
+    "_flash_attention_forward": "raises 'head_size must be rounded to 32' where CUDA's kernel runs",
+    "native_group_norm": "wrong results (half of the elements of small group_norm samples)",
+    "native_group_norm_backward": "wrong gradients",
+    "normal.Tensor_Tensor": "returns float32 for bfloat16 / float16 mean and std",
+    "normal.Tensor_float": "returns float32 for a bfloat16 / float16 mean",
+    "normal.float_Tensor": "returns float32 for a bfloat16 / float16 std",
+    "pow.Tensor_Scalar": "less accurate than CUDA: 30 float32 ulps for pow(x, -1) (atanh's backward)",
+    "topk": "raises 'Currently only support topk in last dimension' for other dimensions",
+    "unfold_backward": "raises ZeroDivisionError (unfold_copy's backward)",
+    "fill_.Scalar": "wrong results: " + _HOPPER_FLAT + "gets other elements written",
+    "fill_.Tensor": "as fill_.Scalar",
+    "fill.Scalar_out": "as fill_.Scalar",
+    "fill.Tensor_out": "as fill_.Scalar",
+    "sqrt": "wrong results: " + _HOPPER_FLAT + "is read as other elements (corrcoef)",
+    "sqrt_": "as sqrt",
+    "index_add_": "wrong results (stft's backward: every element)",
+    "logaddexp": "NaN where CUDA gives -inf or a finite value (both inputs -inf)",
+    "multinomial": "its signature has no generator argument (TypeError when called as ATen does)",
+    "pow_.Scalar": "less accurate than CUDA in float16 (F.normalize's backward: 8 ulps)",
+    "sum.dim_IntList": "less accurate than CUDA in float16: -126.69 for -127.5 (__rpow__'s "
+                       "backward), 13 ulps where CUDA's float32 accumulation is exact to rounding",
     "_functional_sym_constrain_range_for_size": "a tracing helper, not a kernel",
 }
 

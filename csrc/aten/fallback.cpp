@@ -41,6 +41,37 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
+// FlagGems (5.0.2) kernels assert a dimension or divide by a size, so they
+// raise or compute garbage on 0-dim and empty tensors, most have no complex
+// dtypes, and its random kernels draw from the default generator whatever
+// generator the call names (docs/flaggems.md): such a call runs on the
+// native kernels, and counts there.
+bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
+  const size_t base = stack.size() - plan.num_arguments;
+  auto edge = [](const at::Tensor& t) {
+    return t.defined() && (t.dim() == 0 || t.numel() == 0 || t.is_complex());
+  };
+  for (const ArgSlot& slot : plan.slots) {
+    const c10::IValue& v = stack[base + slot.index];
+    if (slot.kind == ArgKind::kTensor) {
+      if (v.isTensor() && edge(v.toTensor())) return true;
+    } else if (slot.kind == ArgKind::kTensorList) {
+      if (!v.isTensorList()) continue;
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (edge(t)) return true;
+      }
+    } else if (slot.kind == ArgKind::kGenerator) {
+      if (v.isGenerator()) return true;
+    } else if (slot.kind == ArgKind::kOptionalTensorList) {
+      if (!v.isOptionalTensorList()) continue;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (t.has_value() && edge(*t)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Hot path: a cached plan lookup, two relaxed atomic loads to check the
 // route, a counter, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
@@ -50,7 +81,10 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
     routing::resolve(op, plan);
   }
-  const Backend backend = plan.backend.load(std::memory_order_relaxed);
+  Backend backend = plan.backend.load(std::memory_order_relaxed);
+  if (backend == Backend::kFlagGems && flaggems_declines(plan, *stack)) {
+    backend = Backend::kNative;
+  }
   if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
     if (routing::fallback_policy() == routing::FallbackPolicy::kError) {
       fallback_forbidden(plan);

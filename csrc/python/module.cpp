@@ -6,9 +6,11 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include "aten/fallback.h"
 #include "aten/python_provider.h"
@@ -81,6 +83,30 @@ std::vector<py::object>& python_kernels() {
   return *kernels;
 }
 
+// An argument as Python sees it in a torch.library kernel. A boxed dtype,
+// layout or memory format is an int in its IValue; only the schema says it
+// is one, so it is converted by the argument's type (torch.float32, not 6).
+py::object to_python(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isInt()) {
+    c10::TypePtr type = arg.real_type();
+    if (auto opt = type->castRaw<c10::OptionalType>()) type = opt->getElementType();
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType())));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout())));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
 // The invoker libtorch_fl calls (aten/python_provider.h): the arguments are
 // native (CUDA) views; keyword-only schema arguments go as keywords, as
 // torch.library passes them to Python kernels.
@@ -96,7 +122,7 @@ void invoke_python_kernel(int64_t id, const c10::OperatorHandle& op,
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) written.push_back(v);
-    py::object obj = torch::jit::toPyObject(v);
+    py::object obj = to_python(args[i], v);
     if (args[i].kwarg_only()) {
       keywords[py::str(args[i].name())] = obj;
     } else {
