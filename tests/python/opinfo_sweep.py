@@ -100,7 +100,35 @@ MAX_SAMPLES_PER_OP = None
 MAX_SAMPLES_CUDA = None
 RTOL = 1.3e-6
 ATOL = 1e-5
+# Base (rtol, atol) by dtype; OpInfo's overrides for the dtype widen them with
+# --ref cuda. float32 is the CPU sweep's. Two correct implementations of a
+# bfloat16 / float16 op may each round differently (an fp32 accumulator in
+# another order, then one rounding of the output): rtol is two units in the
+# last place of the format (bf16 2^-7 ~ 7.8e-3, f16 2^-10 ~ 9.8e-4), atol
+# covers results that cancel towards zero.
+TOLERANCES = {
+    "float32": (RTOL, ATOL),
+    "bfloat16": (1.6e-2, 1e-2),
+    "float16": (2e-3, 1e-3),
+}
+DTYPES = tuple(TOLERANCES)
+# The providers the flagos runs use with --ref cuda: "native" (flaggems off:
+# flagos must equal native CUDA) or "flaggems" (the default routing, with
+# FlagGems on; each sample's failure is traced to the FlagGems kernel(s)
+# that cause it).
+PROVIDERS = ("native", "flaggems")
+# aten operators whose FlagGems kernels draw random numbers from FlagGems'
+# own Philox streams, not from the CUDA generator's sequence: their samples
+# are compared on shape, dtype and device only ("random").
+_FLAGGEMS_RANDOM = {
+    "bernoulli_.float", "bernoulli_.Tensor", "bernoulli", "normal_", "normal.Tensor_float",
+    "normal.Tensor_Tensor", "normal.float_Tensor", "uniform_", "exponential_",
+    "multinomial", "native_dropout", "rand_like", "randn_like", "randperm",
+    "rrelu_with_noise",
+}
 SAMPLE_TIMEOUT_S = 120
+# With FlagGems a sample may first compile and autotune Triton kernels.
+SAMPLE_TIMEOUT_FLAGGEMS_S = 400
 
 # Ops that are not applicable to a strided-only device.
 _NA_PREFIXES = ("sparse.", "to_sparse", "_sparse", "nested", "_nested")
@@ -145,6 +173,15 @@ class Failure:
 
 
 @dataclasses.dataclass
+class GemsCell:
+    """One FlagGems operator in one dtype, over the samples that ran it."""
+    passed: int = 0
+    failed: int = 0
+    random: int = 0  # random operators: compared on shape, dtype and device
+    errors: list = dataclasses.field(default_factory=list)  # (OpInfo label, i, error)
+
+
+@dataclasses.dataclass
 class Result:
     passed: int = 0
     compared: int = 0
@@ -164,6 +201,14 @@ class Result:
     max_samples: int | None = None
     ref: str = "cpu"
     workers: int = 0
+    provider: str = "native"
+    # provider flaggems: (aten op, dtype) -> GemsCell, and the failures that
+    # remain with every operator on cuda (not FlagGems').
+    gems: dict = dataclasses.field(default_factory=dict)
+    unattributed: list = dataclasses.field(default_factory=list)  # see _add_gems
+    grad_compared: int = 0  # provider flaggems: backward runs
+    grad_passed: int = 0
+    not_flaggems: list = dataclasses.field(default_factory=list)
 
     @property
     def failed_ops(self) -> dict:
@@ -186,7 +231,7 @@ class Result:
             f"{len(self.failed_ops)} ops, {self.cpu_skip} {self.ref}-skip, "
             f"{self.meta_only} meta-only{nondet}, {self.not_applicable} not-applicable "
             f"samples; {self.ops_run} ops run, {len(self.na_ops)} ops not "
-            f"applicable, {len(self.no_float32_ops)} ops without float32, "
+            f"applicable, {len(self.no_float32_ops)} ops without the dtype, "
             f"{capped}{len(self.sample_gen_errors)} sample-generation errors, "
             f"{self.crashes} crashes/timeouts; {self.seconds:.0f}s"
         )
@@ -205,9 +250,104 @@ class Result:
             groups.setdefault(op, []).append(i)
         return [f"  {op} {idx}" for op, idx in sorted(groups.items())]
 
+    def _gems(self, op: str, dtype: str) -> GemsCell:
+        return self.gems.setdefault((op, dtype), GemsCell())
+
+    def _add_gems(self, rec: dict) -> None:
+        """Charges a sample's outcome to the FlagGems operators it ran."""
+        used = rec.get("used") or []
+        dt = rec.get("dtype", "float32")
+        where = (rec["op"] + (" backward" if rec["kind"] == "grad" else ""), rec["i"])
+        if rec["status"] == "pass":
+            for u in used:
+                cell = self._gems(u, dt)
+                if rec.get("random"):
+                    cell.random += 1
+                else:
+                    cell.passed += 1
+            return
+        if "without_flaggems" in rec:
+            self.not_flaggems.append((*where, rec["without_flaggems"]))
+            return
+        culprits = rec.get("culprits")
+        if culprits and len(culprits) == len(used) >= 3 and len({c[1] for c in culprits}) == 1:
+            # Every operator alone gives the very same failure, exact ones
+            # (neg, zero_) included: it is not one kernel's arithmetic but the
+            # computation's sensitivity to something every route change moves
+            # (allocation addresses that pick a cuBLAS/cuSOLVER variant).
+            self.unattributed.append((*where, rec["error"], list(used)))
+            return
+        if culprits:
+            for u, err in culprits:
+                cell = self._gems(u, dt)
+                cell.failed += 1
+                cell.errors.append((*where, err))
+            for u in set(used) - {c[0] for c in culprits}:
+                self._gems(u, dt).passed += 1  # right on its own in this sample
+            return
+        for u in used:  # wrong only together (or not traced): charged to each
+            cell = self._gems(u, dt)
+            cell.failed += 1
+            together = f" (fails only with {', '.join(used)} together)" if culprits == [] else ""
+            cell.errors.append((*where, rec["error"] + together))
+
+    def gems_ops(self) -> dict:
+        """aten op -> {dtype: GemsCell}, for the operators FlagGems ran."""
+        out: dict = {}
+        for (op, dt), cell in self.gems.items():
+            out.setdefault(op, {})[dt] = cell
+        return dict(sorted(out.items()))
+
+    def gems_failed_ops(self) -> dict:
+        """aten op -> [(dtype, OpInfo label, sample, error)] of FlagGems' failures."""
+        out: dict = {}
+        for op, cells in self.gems_ops().items():
+            for dt, cell in cells.items():
+                for label, i, err in cell.errors:
+                    out.setdefault(op, []).append((dt, label, i, err))
+        return out
+
+    def gems_table(self, registered: list, dtypes: tuple) -> str:
+        """The markdown pass table: one row per registered FlagGems operator."""
+        ops = self.gems_ops()
+        head = "| operator | " + " | ".join(dtypes) + " |"
+        lines = [head, "|---" * (len(dtypes) + 1) + "|"]
+        for op in sorted(set(registered) | set(ops)):
+            cells = ops.get(op, {})
+            row = []
+            for dt in dtypes:
+                c = cells.get(dt)
+                if c is None:
+                    row.append("not reached")
+                elif c.failed:
+                    row.append(f"**fail** {c.failed}/{c.failed + c.passed}")
+                elif c.passed:
+                    row.append(f"pass {c.passed}" + (f" (+{c.random} shape)" if c.random else ""))
+                else:
+                    row.append(f"random: shape {c.random}")
+            lines.append(f"| `{op}` | " + " | ".join(row) + " |")
+        return "\n".join(lines)
+
+    def gems_summary(self, registered: list) -> str:
+        ops = self.gems_ops()
+        reached = [op for op in registered if op in ops]
+        failing = sorted(self.gems_failed_ops())
+        return (f"FlagGems: {len(registered)} operators registered, {len(reached)} reached by "
+                f"OpInfo samples ({len(set(ops) - set(registered))} more reached through "
+                f"other overloads), {len(failing)} failing: {', '.join(failing) or 'none'}; "
+                f"{len(self.unattributed)} failing samples no single operator explains; "
+                f"{len(self.not_flaggems)} failing samples not FlagGems' (fail with every "
+                f"operator on cuda too)")
+
     def add(self, rec: dict) -> None:
         kind = rec["kind"]
-        if kind == "sample":
+        if kind in ("sample", "grad") and self.provider == "flaggems" and \
+                rec["status"] in ("pass", "fail"):
+            self._add_gems(rec)
+        if kind == "grad":
+            self.grad_compared += 1
+            self.grad_passed += rec["status"] == "pass"
+        elif kind == "sample":
             st = rec["status"]
             if st == "cpu-skip":
                 self.cpu_skip += 1
@@ -312,10 +452,18 @@ class _Progress:
         self.buf[:16] = struct.pack("qq", k, i)
 
 
+def _label(name: str, dtype: str, dtypes: tuple) -> str:
+    """How results name an op: its OpInfo name, with the dtype when several
+    dtypes are swept (``mul[bfloat16]``)."""
+    return name if dtypes == ("float32",) else f"{name}[{dtype}]"
+
+
 def _load_runner(stride: int, offset: int, only: set | None,
-                 max_samples: int | None, ref: str):
+                 max_samples: int | None, ref: str,
+                 dtypes: tuple = ("float32",), provider: str = "native", seed: int = 0):
     """Imports torch, torch_fl and op_db; returns ``run_ops(k, i, progress)``,
-    which runs this worker's ops from op index ``k``, sample ``i``."""
+    which runs this worker's (op, dtype) pairs from pair index ``k`` (op index
+    times the number of dtypes, plus the dtype's), sample ``i``."""
     import itertools
     import warnings
 
@@ -328,6 +476,12 @@ def _load_runner(stride: int, offset: int, only: set | None,
     torch.set_num_threads(1)
     REF = ref
     on_cuda = REF == "cuda"
+    attribute = provider == "flaggems"
+    if attribute and not torch_fl.is_flaggems_enabled():
+        raise RuntimeError("provider 'flaggems': FlagGems is not enabled here "
+                           "(needs the cuda driver and flag_gems)")
+    routing = torch_fl.routing
+    refereed_dtypes = (torch.float32, torch.bfloat16, torch.float16)  # see refereed()
 
     def is_special(t) -> bool:
         return t.layout != torch.strided or t.is_quantized or t.is_nested
@@ -350,7 +504,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
     # sample on any device, as often as needed: flagos for the comparison, and
     # with cuda, a fresh reference copy for a second reference run.
     class _T:
-        __slots__ = ("key", "dtype", "offset", "size", "stride", "dense")
+        __slots__ = ("key", "dtype", "offset", "size", "stride", "dense", "rg")
 
     class _Gen:
         __slots__ = ("state",)
@@ -376,6 +530,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 return t  # kept: a CPU tensor in a cuda sample
             rec = _T()
             rec.dtype = t.dtype
+            rec.rg = t.requires_grad
             if t.is_conj() or t.is_neg():
                 # (float32 samples have none) keep it simple: a plain copy.
                 rec.dense = t.resolve_conj().resolve_neg().cpu().clone()
@@ -403,20 +558,28 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 return {k: self.take(v) for k, v in x.items()}
             return x
 
-        def build(self, dev):
-            """(input, args, kwargs) on device type ``dev``."""
+        def build(self, dev, grad=False):
+            """(input, args, kwargs) on device type ``dev``; with ``grad``,
+            the tensors the sample made require grad are leaves that do."""
             storages = {}
 
             def go(x):
                 if isinstance(x, _T):
-                    if x.dense is not None:
-                        return x.dense.to(dev)
-                    st = storages.get(x.key)
-                    if st is None:
-                        st = storages[x.key] = self.staging[x.key].to(dev).untyped_storage()
-                    out = torch.empty(0, dtype=x.dtype, device=dev)
-                    out.set_(st, x.offset, x.size, x.stride)
-                    return out
+                    out = leaf(x)
+                    return out.requires_grad_() if grad and x.rg else out
+                return other(x)
+
+            def leaf(x):
+                if x.dense is not None:
+                    return x.dense.to(dev)
+                st = storages.get(x.key)
+                if st is None:
+                    st = storages[x.key] = self.staging[x.key].to(dev).untyped_storage()
+                out = torch.empty(0, dtype=x.dtype, device=dev)
+                out.set_(st, x.offset, x.size, x.stride)
+                return out
+
+            def other(x):
                 if isinstance(x, _Gen):
                     g = torch.Generator(device=dev)
                     g.set_state(x.state)
@@ -528,12 +691,12 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 return op(built[0], *built[1], **built[2])
         return op(built[0], *built[1], **built[2])
 
-    def tolerance(op):
-        """(rtol, atol) for op: the sweep's, widened with cuda to OpInfo's
-        float32 overrides that apply to eager cuda comparisons (undecorated
-        overrides, and DecorateInfo ones for every test class or TestCommon,
-        for every device or cuda)."""
-        rtol, atol = RTOL, ATOL
+    def tolerance(op, dtype):
+        """(rtol, atol) for op in ``dtype``: TOLERANCES', widened with cuda to
+        OpInfo's overrides for the dtype that apply to eager cuda comparisons
+        (undecorated overrides, and DecorateInfo ones for every test class or
+        TestCommon, for every device or cuda)."""
+        rtol, atol = TOLERANCES[str(dtype).removeprefix("torch.")]
         if not on_cuda:
             return rtol, atol
         from torch.testing._internal.common_device_type import (
@@ -541,11 +704,11 @@ def _load_runner(stride: int, offset: int, only: set | None,
 
         def widen(dec):
             nonlocal rtol, atol
-            if isinstance(dec, toleranceOverride) and torch.float32 in dec.d:
-                t = dec.d[torch.float32]
+            if isinstance(dec, toleranceOverride) and dtype in dec.d:
+                t = dec.d[dtype]
                 rtol, atol = max(rtol, t.rtol), max(atol, t.atol)
-            elif isinstance(dec, precisionOverride) and torch.float32 in dec.d:
-                atol = max(atol, dec.d[torch.float32])
+            elif isinstance(dec, precisionOverride) and dtype in dec.d:
+                atol = max(atol, dec.d[dtype])
 
         for d in getattr(op, "decorators", None) or ():
             inner = getattr(d, "decorators", None)
@@ -559,7 +722,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
             if "mps" in (getattr(d, "test_name", None) or ""):
                 continue
             dtypes = getattr(d, "dtypes", None)
-            if dtypes is not None and torch.float32 not in dtypes:
+            if dtypes is not None and dtype not in dtypes:
                 continue
             if not getattr(d, "active_if", True):
                 continue
@@ -567,8 +730,237 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 widen(dec)
         return rtol, atol
 
+    def flaggems_used() -> list:
+        """The aten operators that ran on FlagGems since the last reset."""
+        return sorted(st.op.removeprefix("aten::") for st in routing.stats()
+                      if st.calls.get("flaggems"))
+
+    def is_random(used) -> bool:
+        return any(u in _FLAGGEMS_RANDOM or u.split(".")[0] in _FLAGGEMS_RANDOM
+                   for u in used)
+
+    def rerun(op, s, tmpl, expected, factory, meta_only, tol):
+        """Runs a fresh flagos copy of the sample under the routes in force;
+        the error text, or None when it matches the reference."""
+        try:
+            built = tmpl.build(DEVICE)
+            actual = call(op, built, DEVICE, factory)
+            compare_all(expected, s, actual, built, meta_only, tol)
+        except _Mismatch as e:
+            return str(e)
+        except Exception as e:  # noqa: BLE001
+            return error_text(e)
+        return None
+
+    def trace(op, s, tmpl, expected, factory, meta_only, tol, used) -> dict:
+        """Which FlagGems kernels a failing sample's failure comes from: the
+        sample runs again with every operator on cuda (a failure then is not
+        FlagGems'), then with one FlagGems operator at a time."""
+        routing.set_route("*", "cuda")
+        try:
+            err = rerun(op, s, tmpl, expected, factory, meta_only, tol)
+            if err is not None:
+                return {"without_flaggems": err}
+            culprits = []
+            for u in used:
+                routing.set_route(u, "flaggems")
+                try:
+                    err = rerun(op, s, tmpl, expected, factory, meta_only, tol)
+                finally:
+                    routing.set_route(u, "")
+                if err is not None:
+                    culprits.append([u, err])
+            return {"culprits": culprits}
+        finally:
+            routing.set_route("*", "")
+
+    def wants_grad(op, dtype) -> bool:
+        """Backward runs: provider flaggems, differentiable ops, float dtypes."""
+        return (attribute and op.supports_autograd and dtype.is_floating_point
+                and dtype in op.supported_backward_dtypes(REF))
+
+    def flat(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from flat(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from flat(v)
+
+    def upcast(x, lowp):
+        """x with every ``lowp`` tensor in float64 (leaves stay leaves)."""
+        if isinstance(x, torch.Tensor):
+            if x.dtype != lowp:
+                return x
+            return x.detach().double().requires_grad_(x.requires_grad)
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+            return type(x)(upcast(v, lowp) for v in x)
+        if isinstance(x, dict):
+            return {k: upcast(v, lowp) for k, v in x.items()}
+        return x
+
+    def grads(op, tmpl, factory, lowp=None):
+        """Forward and backward of a fresh flagos copy of the sample under the
+        routes in force: the gradients of its leaves for a seeded cotangent,
+        or None when nothing is differentiable. With ``lowp``, its tensors run
+        in float64 (the referee)."""
+        built = tmpl.build(DEVICE, grad=True)
+        if lowp is not None:
+            built = upcast(built, lowp)
+        leaves = [t for t in flat(built) if t.requires_grad]
+        if not leaves:
+            return None
+        out = call(op, built, DEVICE, factory)
+        outs = [o for o in flat(out) if o.requires_grad]
+        if not outs:
+            return None
+        g = torch.Generator().manual_seed(SEED)
+        cots = [torch.randn(o.shape, generator=g).to(o.dtype if lowp is None else lowp)
+                .to(o.dtype).to(o.device) for o in outs]
+        return list(torch.autograd.grad(outs, leaves, cots, allow_unused=True))
+
+    def closer(got, ref, exact, lowp) -> bool:
+        """Whether each of ``got`` is no further from ``exact`` than ``ref``
+        (see refereed())."""
+        triples = list(zip(got, ref, exact))
+        if len(triples) != len(ref):
+            return False
+        for fg, cu, ex in triples:
+            if fg is None or cu is None or ex is None:
+                if not (fg is None and cu is None):
+                    return False
+                continue
+            if not cu.dtype.is_floating_point:
+                if not torch.equal(cu.cpu(), fg.cpu()):
+                    return False
+                continue
+            ex, cu, fg = ex.double().cpu(), cu.double().cpu(), fg.double().cpu()
+            if cu.shape != fg.shape or cu.shape != ex.shape:
+                return False
+            finite = ex.isfinite()
+            if not torch.equal(finite, fg.isfinite()) or not torch.equal(
+                    ex[~finite].isnan(), fg[~finite].isnan()):
+                return False
+            if not finite.any():
+                continue
+            err_cu = (cu - ex)[finite].abs().max().item()
+            err_fg = (fg - ex)[finite].abs().max().item()
+            scale = ex[finite].abs().max().item()
+            if err_fg > max(2 * err_cu, 2 * torch.finfo(lowp).eps * scale):
+                return False
+        return True
+
+    def run_grad(op, s, dtype, tol) -> dict | None:
+        """Backward of a sample: the default routing (FlagGems) against every
+        operator on cuda, which runs native CUDA's kernels (a backward on CUDA
+        tensors is not possible in a process with a PrivateUse1 backend,
+        pytorch#161129). The record, or None when the sample has no backward
+        the cuda run can do."""
+        try:
+            tmpl = Template(s, _CPU_ARGS.get(op.name, ()))
+            factory = not has_tensor((s.input, s.args, s.kwargs))
+            routing.set_route("*", "cuda")
+            try:
+                want = grads(op, tmpl, factory)
+            finally:
+                routing.set_route("*", "")
+            if want is None:
+                return None
+        except Exception:  # noqa: BLE001  (no backward on cuda either: not compared)
+            return None
+
+        lowp = dtype if dtype in refereed_dtypes else None
+
+        def check():
+            got = grads(op, tmpl, factory)
+            try:
+                compare(want, got, "grad", False, tol)
+            except _Mismatch:
+                if lowp is None or not refereed_grads(got):
+                    raise
+
+        def refereed_grads(got) -> bool:
+            routing.set_route("*", "cuda")
+            try:
+                exact = grads(op, tmpl, factory, lowp)
+            except Exception:  # noqa: BLE001
+                return False
+            finally:
+                routing.set_route("*", "")
+            return exact is not None and closer(got, want, exact, lowp)
+
+        def varies() -> bool:
+            """Whether the cuda run disagrees with itself (atomics)."""
+            routing.set_route("*", "cuda")
+            try:
+                compare(want, grads(op, tmpl, factory), "grad", False, tol)
+            except Exception:  # noqa: BLE001
+                return True
+            finally:
+                routing.set_route("*", "")
+            return False
+
+        routing.reset_stats()
+        rec = {"status": "pass", "error": None}
+        try:
+            try:
+                check()
+            finally:
+                rec["used"] = used = flaggems_used()
+        except Exception as e:  # noqa: BLE001
+            if varies():
+                return None  # not comparable: the reference itself varies
+            rec.update(status="fail", error=str(e) if isinstance(e, _Mismatch) else error_text(e))
+            culprits = []
+            routing.set_route("*", "cuda")
+            try:
+                for u in used:
+                    routing.set_route(u, "flaggems")
+                    try:
+                        check()
+                    except Exception as e2:  # noqa: BLE001
+                        culprits.append([u, str(e2) if isinstance(e2, _Mismatch) else error_text(e2)])
+                    finally:
+                        routing.set_route(u, "")
+            finally:
+                routing.set_route("*", "")
+            rec["culprits"] = culprits
+        if is_random(rec["used"]):
+            return None
+        return rec
+
+    def refereed(op, s, tmpl, expected, actual, factory) -> bool:
+        """A result that differs from CUDA's beyond the tolerance passes when
+        it is no further from the float64 result than CUDA's own (twice CUDA's
+        largest error, or two units of the format at the result's scale): two
+        correct kernels that accumulate in another order round differently,
+        which no fixed tolerance tells from a wrong one."""
+        low = [t for t in flat(expected) if t.dtype in refereed_dtypes]
+        if not low:
+            return False
+        lowp = low[0].dtype
+
+        try:
+            inp, args, kwargs = tmpl.build(REF)
+            with torch.no_grad():
+                exact = call(op, upcast((inp, args, kwargs), lowp), REF, factory)
+            return closer(list(flat(actual)), list(flat(expected)), list(flat(exact)), lowp)
+        except Exception:  # noqa: BLE001  (no float64 run: the mismatch stands)
+            return False
+
     def run_sample(op, s, meta_only, tol):
         """(status, error, extra record fields) of one sample."""
+        status, error, extra = run_sample_once(op, s, meta_only, tol)
+        if attribute and status == "fail" and extra.get("used") and "tmpl" in extra:
+            extra.update(trace(op, s, extra["tmpl"], extra["expected"], extra["factory"],
+                               extra.get("meta", meta_only), tol, extra["used"]))
+        for k in ("tmpl", "expected", "factory"):
+            extra.pop(k, None)
+        return status, error, extra
+
+    def run_sample_once(op, s, meta_only, tol):
         if has_special((s.input, s.args, s.kwargs)):
             return "na", None, {}
         try:
@@ -580,27 +972,43 @@ def _load_runner(stride: int, offset: int, only: set | None,
             return "fail", "copying the sample to flagos: " + error_text(e), {}
         factory = not has_tensor((s.input, s.args, s.kwargs))
         try:
-            expected = call(op, (s.input, s.args, s.kwargs), REF, factory)
+            with torch.no_grad():  # samples require grad for the backward runs
+                expected = call(op, (s.input, s.args, s.kwargs), REF, factory)
             if on_cuda:
                 torch.cuda.synchronize()  # an asynchronous error is the reference's
         except Exception:  # noqa: BLE001
             return "cpu-skip", None, {}
         if has_special(expected):
             return "na", None, {}
+        extra = {}
+        if attribute:
+            routing.reset_stats()
         try:
-            actual = call(op, f_built, DEVICE, factory)
+            try:
+                actual = call(op, f_built, DEVICE, factory)
+            finally:
+                if attribute:
+                    extra["used"] = flaggems_used()
+            if is_random(extra.get("used", ())):
+                meta_only = extra["meta"] = extra["random"] = True
             compare_all(expected, s, actual, f_built, meta_only, tol)
         except _Mismatch as e:
+            if attribute and not meta_only and refereed(op, s, tmpl, expected, actual, factory):
+                extra["refereed"] = True
+                return "pass", None, extra
             if on_cuda and not meta_only and reference_varies(op, s, tmpl, expected, factory, tol):
+                extra.update(meta=True, nondet=True)
                 try:
                     compare(expected, actual, "result", True, tol)
                 except _Mismatch as e2:
-                    return "fail", str(e2), {"meta": True, "nondet": True}
-                return "pass", None, {"meta": True, "nondet": True}
-            return "fail", str(e), {}
+                    return "fail", str(e2), extra
+                return "pass", None, extra
+            extra.update(tmpl=tmpl, expected=expected, factory=factory)
+            return "fail", str(e), extra
         except Exception as e:  # noqa: BLE001
-            return "fail", error_text(e), {}
-        return "pass", None, {}
+            extra.update(tmpl=tmpl, expected=expected, factory=factory)
+            return "fail", error_text(e), extra
+        return "pass", None, extra
 
     def reference_varies(op, s, tmpl, expected, factory, tol) -> bool:
         """Whether a second reference run, on a fresh copy of the sample with
@@ -625,17 +1033,18 @@ def _load_runner(stride: int, offset: int, only: set | None,
             return error_text(e)
         return None
 
-    def run_op(k, op, first, progress):
-        """Runs the samples of op from index ``first``."""
+    def run_op(k, op, dtype, first, progress):
+        """Runs the samples of op in ``dtype`` from index ``first``."""
         t0 = time.perf_counter()
-        name = op.full_name
+        dname = str(dtype).removeprefix("torch.")
+        name = _label(op.full_name, dname, dtypes)
         flag = getattr(op, "has_nondeterministic_output", None)
         meta_only = bool(flag) if flag is not None else name in _NONDETERMINISTIC_OUTPUT
-        torch.manual_seed(zlib.crc32(name.encode()))
+        torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
         gen_error, capped = None, False
-        tol = tolerance(op)
+        tol = tolerance(op, dtype)
         try:
-            gen = op.sample_inputs(REF, torch.float32, requires_grad=False)
+            gen = op.sample_inputs(REF, dtype, requires_grad=wants_grad(op, dtype))
             if max_samples is None:
                 samples = list(gen)
             else:
@@ -655,11 +1064,15 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 continue
             progress.set(i)
             status, error, extra = run_sample(op, s, meta_only, tol)
+            if attribute and wants_grad(op, dtype) and not meta_only and not extra.get("random"):
+                grad = run_grad(op, s, dtype, tol)
+                if grad is not None:
+                    _emit(kind="grad", op=name, i=i, dtype=dname, **grad)
             lost = context_error()
             if lost is not None and status in ("pass", "na"):
                 status, error, extra = "fail", "CUDA context lost after the sample: " + lost, {}
             extra.setdefault("meta", meta_only)
-            _emit(kind="sample", op=name, i=i, status=status, error=error, **extra)
+            _emit(kind="sample", op=name, i=i, status=status, error=error, dtype=dname, **extra)
             if lost is not None:
                 progress.set(i + 1)
                 raise _ContextLost(lost)
@@ -667,21 +1080,33 @@ def _load_runner(stride: int, offset: int, only: set | None,
         _emit(kind="op", op=name, seconds=time.perf_counter() - t0,
               capped=capped, gen_error=gen_error)
 
-    def run_ops(start_op, start_sample, progress):
+    nd = len(dtypes)
+
+    # FLAGOS_SWEEP_PART=i/n: only the ops whose op_db index is i modulo n (a
+    # sweep split over several runs).
+    part = os.environ.get("FLAGOS_SWEEP_PART")
+    ipart, nparts = (int(x) for x in part.split("/")) if part else (0, 1)
+
+    def run_ops(start_pair, start_sample, progress):
         for k, op in enumerate(op_db):
-            if k < start_op or k % stride != offset:
+            if k % nparts != ipart or (k + 1) * nd <= start_pair or (k // nparts) % stride != offset:
                 continue
-            name = op.full_name
-            if only is not None and name not in only and op.name not in only:
+            if only is not None and op.full_name not in only and op.name not in only:
                 continue
-            progress.set(-1, k, name)
-            if torch.float32 not in op.supported_dtypes(REF):
-                _emit(kind="skip-op", op=name, why="no-float32")
-                continue
-            if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
-                _emit(kind="skip-op", op=name, why="na")
-                continue
-            run_op(k, op, start_sample if k == start_op else 0, progress)
+            for d, dname in enumerate(dtypes):
+                pair = k * nd + d
+                if pair < start_pair:
+                    continue
+                name = _label(op.full_name, dname, dtypes)
+                progress.set(-1, pair, name)
+                dtype = getattr(torch, dname)
+                if dtype not in op.supported_dtypes(REF):
+                    _emit(kind="skip-op", op=name, why="no-dtype")
+                    continue
+                if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
+                    _emit(kind="skip-op", op=name, why="na")
+                    continue
+                run_op(pair, op, dtype, start_sample if pair == start_pair else 0, progress)
 
     return run_ops
 
@@ -740,12 +1165,12 @@ class _SpawnedChild:
 
 def _worker_main(start: tuple[int, int], stride: int, offset: int,
                  only: set | None, max_samples: int | None, ref: str,
-                 isolation: str) -> None:
+                 isolation: str, dtypes: tuple, provider: str, seed: int) -> None:
     """Runs this worker's ops in children, one after another, each going on
     where the last one stopped; a sample that crashes or hangs a child costs
     only that sample."""
     if isolation == "fork":
-        run_ops = _load_runner(stride, offset, only, max_samples, ref)
+        run_ops = _load_runner(stride, offset, only, max_samples, ref, dtypes, provider, seed)
         progress, path = _Progress(), None
 
         def launch(k, i):
@@ -754,7 +1179,8 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
         path = _Progress.new_file()
         progress = _Progress(path)
         argv = ["--stride", str(stride), "--offset", str(offset),
-                "--max-samples", str(max_samples or 0), "--ref", ref]
+                "--max-samples", str(max_samples or 0), "--ref", ref,
+                "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed)]
         if only is not None:
             argv += ["--ops", ",".join(sorted(only))]
 
@@ -762,13 +1188,14 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
             return _SpawnedChild(argv, k, i, path)
 
     try:
-        _supervise(launch, progress, start)
+        _supervise(launch, progress, start, SAMPLE_TIMEOUT_FLAGGEMS_S
+                   if provider == "flaggems" else SAMPLE_TIMEOUT_S)
     finally:
         if path is not None:
             os.unlink(path)
 
 
-def _supervise(launch, progress: _Progress, start: tuple[int, int]) -> None:
+def _supervise(launch, progress: _Progress, start: tuple[int, int], timeout: float) -> None:
     k, i = start
     outside = 0
     while True:
@@ -782,7 +1209,7 @@ def _supervise(launch, progress: _Progress, start: tuple[int, int]) -> None:
             cur = progress.get()
             if cur != last:
                 last, since = cur, time.monotonic()
-            elif time.monotonic() - since > SAMPLE_TIMEOUT_S:
+            elif time.monotonic() - since > timeout:
                 child.kill()
                 break
             time.sleep(0.005)
@@ -794,7 +1221,7 @@ def _supervise(launch, progress: _Progress, start: tuple[int, int]) -> None:
             outside = 0
             continue
         if code is None:
-            why = f"timeout: no result in {SAMPLE_TIMEOUT_S}s"
+            why = f"timeout: no result in {timeout:.0f}s"
         elif code < 0:
             why = f"crash: killed by {signal.Signals(-code).name}"
         else:
@@ -819,9 +1246,14 @@ def _supervise(launch, progress: _Progress, start: tuple[int, int]) -> None:
 # the parent: starts workers, survives their crashes, aggregates
 
 
-def _worker_env() -> dict:
-    """The worker imports the torch_fl this process imports."""
+def _worker_env(provider: str) -> dict:
+    """The worker imports the torch_fl this process imports, with FlagGems off
+    for the native provider."""
     env = dict(os.environ)
+    if provider == "native":
+        env["FLAGOS_DISABLE_FLAGGEMS_PY"] = "1"
+    else:
+        env.pop("FLAGOS_DISABLE_FLAGGEMS_PY", None)
     paths = []
     try:
         import torch_fl
@@ -857,18 +1289,20 @@ def default_workers(ref: str) -> int:
 
 
 class _Worker:
-    def __init__(self, start, stride, offset, only, max_samples, ref, isolation, verbose):
+    def __init__(self, start, stride, offset, only, max_samples, ref, isolation, verbose,
+                 dtypes, provider, seed):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                "--start", f"{start[0]}:{start[1]}",
                "--stride", str(stride), "--offset", str(offset),
                "--max-samples", str(max_samples or 0),
-               "--ref", ref, "--isolation", isolation]
+               "--ref", ref, "--isolation", isolation,
+               "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed)]
         if only is not None:
             cmd += ["--ops", ",".join(sorted(only))]
         self.stride, self.offset = stride, offset
         self.only, self.max_samples, self.verbose = only, max_samples, verbose
         self.proc = subprocess.Popen(
-            cmd, env=_worker_env(), stdout=subprocess.PIPE,
+            cmd, env=_worker_env(provider), stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL if not verbose else None, text=True,
             bufsize=1)
         self.done = False
@@ -879,22 +1313,34 @@ _DEFAULT = "default"
 
 def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
               workers: int | None = None, verbose: bool = False, ref: str = "cpu",
-              isolation: str | None = None) -> Result:
+              isolation: str | None = None, dtypes: tuple = ("float32",),
+              provider: str = "native", seed: int = 0) -> Result:
     """Runs the sweep against ``ref`` (``cpu`` or ``cuda``) in worker
     processes and returns the aggregated result. ``max_samples``: a per-op cap,
-    None for none; by default :func:`default_max_samples`."""
+    None for none; by default :func:`default_max_samples`. ``dtypes``: names
+    from DTYPES. ``provider``: one of PROVIDERS (``flaggems`` needs the cuda
+    reference). ``seed``: 0 for the fixed per-op samples, else mixed into
+    every op's seed (fresh inputs that the seed reproduces)."""
     import queue
     import threading
 
     if ref not in REFS:
         raise ValueError(f"ref must be one of {', '.join(REFS)}, not {ref!r}")
+    dtypes = tuple(dtypes)
+    bad = [d for d in dtypes if d not in TOLERANCES]
+    if bad or not dtypes:
+        raise ValueError(f"dtypes {bad or '(none)'}: choose from {', '.join(DTYPES)}")
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
+    if provider == "flaggems" and ref != "cuda":
+        raise ValueError("provider 'flaggems' compares FlagGems with native CUDA: use ref='cuda'")
     if max_samples == _DEFAULT:
         max_samples = default_max_samples(ref)
     isolation = isolation or default_isolation(ref)
     if ref == "cuda" and isolation != "spawn":
         raise ValueError("the cuda reference needs spawn isolation: CUDA cannot be used "
                          "in a child forked after CUDA was initialised")
-    res = Result(max_samples=max_samples, ref=ref)
+    res = Result(max_samples=max_samples, ref=ref, provider=provider)
     t0 = time.monotonic()
     n = workers or default_workers(ref)
     res.workers = n
@@ -907,11 +1353,12 @@ def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
 
     live = []
     for j in range(n):
-        w = _Worker((0, 0), n, j, only, max_samples, ref, isolation, verbose)
+        w = _Worker((0, 0), n, j, only, max_samples, ref, isolation, verbose, dtypes, provider,
+                    seed)
         threading.Thread(target=pump, args=(w,), daemon=True).start()
         live.append(w)
     # The workers' children time out samples; this is only a backstop.
-    backstop = 2 * SAMPLE_TIMEOUT_S + 60
+    backstop = 2 * max(SAMPLE_TIMEOUT_S, SAMPLE_TIMEOUT_FLAGGEMS_S) + 60
     try:
         while live:
             try:
@@ -936,8 +1383,15 @@ def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
             elif kind == "abort":
                 raise RuntimeError(f"opinfo worker {w.offset} gave up: {rec['error']}")
             else:
-                if verbose and kind == "sample" and rec["status"] == "fail":
-                    print(f"FAIL {rec['op']} [{rec['i']}] {rec['error']}", flush=True)
+                if verbose and kind in ("sample", "grad") and rec["status"] == "fail":
+                    where = " backward" if kind == "grad" else ""
+                    blame = ""
+                    if "without_flaggems" in rec:
+                        blame = " (fails with every op on cuda too)"
+                    elif rec.get("culprits") is not None:
+                        blame = (" (FlagGems: " + (", ".join(c[0] for c in rec["culprits"])
+                                                   or "only " + "+".join(rec["used"])) + ")")
+                    print(f"FAIL {rec['op']}{where} [{rec['i']}] {rec['error']}{blame}", flush=True)
                 if verbose and kind == "op":
                     print(f"op {rec['op']}: {rec['seconds']:.2f}s", flush=True)
                 res.add(rec)
@@ -956,6 +1410,16 @@ def main(argv=None) -> int:
     p.add_argument("--ref", choices=REFS, default="cpu",
                    help="reference device (default: cpu)")
     p.add_argument("--ops", help="comma-separated op names or full names (default: all)")
+    p.add_argument("--dtypes", default="float32",
+                   help=f"comma-separated dtypes among {', '.join(DTYPES)} (default: float32)")
+    p.add_argument("--provider", choices=PROVIDERS, default="native",
+                   help="flagos runs with FlagGems off (native, the default) or on "
+                        "(flaggems: failures traced to FlagGems kernels; needs --ref cuda)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="0 (default): each op's fixed samples; else fresh samples that "
+                        "this seed reproduces")
+    p.add_argument("--table", help="with --provider flaggems: write the per-operator "
+                                   "pass table (markdown) here")
     p.add_argument("--max-samples", type=int, default=None,
                    help="cap samples per op, 0 for none (default: "
                         f"{MAX_SAMPLES_PER_OP or 'none'} with cpu, "
@@ -975,14 +1439,16 @@ def main(argv=None) -> int:
     p.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     only = set(a.ops.split(",")) if a.ops else None
+    dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())
     if a.worker or a.child:
         k, i = (int(x) for x in a.start.split(":"))
         cap = a.max_samples or None
         if a.child:
-            run_ops = _load_runner(a.stride, a.offset, only, cap, a.ref)
+            run_ops = _load_runner(a.stride, a.offset, only, cap, a.ref, dtypes, a.provider,
+                                   a.seed)
             return _run_child(run_ops, k, i, _Progress(a.progress))
         _worker_main((k, i), a.stride, a.offset, only, cap, a.ref,
-                     a.isolation or default_isolation(a.ref))
+                     a.isolation or default_isolation(a.ref), dtypes, a.provider, a.seed)
         return 0
     if a.ref == "cuda":
         import torch
@@ -991,7 +1457,11 @@ def main(argv=None) -> int:
             print("--ref cuda: no CUDA device (torch.cuda.is_available() is False)")
             return 2
     cap = _DEFAULT if a.max_samples is None else (a.max_samples or None)
-    res = run_sweep(only, cap, a.workers, a.verbose, a.ref, a.isolation)
+    try:
+        res = run_sweep(only, cap, a.workers, a.verbose, a.ref, a.isolation, dtypes, a.provider,
+                        a.seed)
+    except ValueError as e:
+        p.error(str(e))
     print("\n".join(res.failure_lines()))
     for name, err in res.sample_gen_errors:
         print(f"sample-generation error: {name}: {err}")
@@ -1001,6 +1471,20 @@ def main(argv=None) -> int:
     for name, sec in sorted(res.op_seconds.items(), key=lambda kv: -kv[1])[:a.slowest]:
         print(f"slow: {name} {sec:.2f}s")
     print(res.summary())
+    if a.provider == "flaggems":
+        import torch_fl
+
+        registered = torch_fl.flaggems.registered_ops()
+        for op, fails in res.gems_failed_ops().items():
+            for dt, label, i, err in fails[:3]:
+                print(f"flaggems FAIL {op} [{dt}] in {label}[{i}]: {err}")
+        for label, i, err in res.not_flaggems[:50]:
+            print(f"not flaggems' (fails on cuda routes too): {label}[{i}]: {err}")
+        if a.table:
+            with open(a.table, "w") as f:
+                f.write(res.gems_table(registered, dtypes) + "\n")
+        print(res.gems_summary(registered))
+        print(f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared")
     return 0
 
 

@@ -6,6 +6,9 @@ The OpInfo sweep against CUDA (test_opinfo.py, --ref cuda) covers every
 registered op that has an OpInfo, through the default routing.
 """
 
+import os
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,9 @@ pytestmark = pytest.mark.flaggems
 
 if not torch_fl.is_flaggems_enabled():
     pytest.skip("FlagGems is not enabled (needs the cuda driver and flag_gems)", allow_module_level=True)
+
+# Samples per OpInfo and dtype in the sweep (the first ones of each).
+SWEEP_SAMPLES = 8
 
 TOL = {torch.float32: dict(rtol=1.3e-6 * 10, atol=1e-5),
        torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
@@ -75,3 +81,40 @@ def test_unused_excludes_ops_by_aten_name():
                           env={"FLAGOS_FLAGGEMS_UNUSED": "mm,add.Tensor"})
     assert rc == 0, err
     assert out.strip() == "False False"
+
+
+@pytest.mark.slow
+def test_every_flaggems_operator_against_native_cuda(capsys):
+    """Every OpInfo sample in float32, bfloat16 and float16 (up to SWEEP_SAMPLES
+    per op and dtype), forward and backward, run with FlagGems serving its
+    operators and compared with native CUDA; a failure is traced to the FlagGems
+    operator(s) that cause it. Fresh inputs each run: the seed is printed (set
+    FLAGOS_SWEEP_SEED to reproduce). With FLAGOS_REPORT_DIR set, the pass table
+    is written there (docs/flaggems.md holds the last one)."""
+    import opinfo_sweep
+
+    seed = int(os.environ.get("FLAGOS_SWEEP_SEED") or random.SystemRandom().randrange(1, 1 << 31))
+    res = opinfo_sweep.run_sweep(ref="cuda", provider="flaggems", dtypes=opinfo_sweep.DTYPES,
+                                 max_samples=SWEEP_SAMPLES, seed=seed)
+    registered = torch_fl.flaggems.registered_ops()
+    table = res.gems_table(registered, opinfo_sweep.DTYPES)
+    report = os.environ.get("FLAGOS_REPORT_DIR")
+    if report:
+        with open(os.path.join(report, "flaggems_opinfo.md"), "w") as f:
+            f.write(f"seed {seed}\n\n{res.summary()}\n\n{res.gems_summary(registered)}\n\n"
+                    f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared\n\n"
+                    f"{table}\n")
+    failed = res.gems_failed_ops()
+    with capsys.disabled():
+        print(f"\nseed {seed}\n{res.summary()}\n{res.gems_summary(registered)}\n"
+              f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared")
+        for op, fails in failed.items():
+            for dt, label, i, err in fails[:2]:
+                print(f"  FlagGems {op} [{dt}] in {label}[{i}]: {err}")
+        for label, i, err, used in res.unattributed:
+            print(f"  unattributed (each of {', '.join(used)} alone fails alike): {label}[{i}]: {err}")
+        for label, i, err in res.not_flaggems[:30]:
+            print(f"  not FlagGems' (fails with every op on cuda too): {label}[{i}]: {err}")
+    assert res.crashes == 0, res.summary()
+    assert not failed, ("FlagGems operators that differ from native CUDA (exclude them in "
+                        "torch_fl/flaggems.py EXCLUDED, with the reason): " + ", ".join(failed))

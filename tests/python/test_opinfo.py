@@ -109,3 +109,59 @@ def test_opinfo_sweep_against_cuda(capsys):
     res = opinfo_sweep.run_sweep(ref="cuda")
     with capsys.disabled():
         _check(res, KNOWN_CUDA_FAILURES)
+
+
+def test_flaggems_attribution_charges_only_the_culprits():
+    """The aggregation behind the FlagGems pass table (the GPU sweep's
+    records, made up here): a traced failure is charged to its culprit, its
+    other operators pass; a failure that remains with every operator on cuda
+    is not FlagGems'; a failure no single operator reproduces is charged to
+    each; random operators count apart."""
+    res = opinfo_sweep.Result(provider="flaggems")
+    recs = [
+        dict(kind="sample", op="mul[float32]", i=0, status="pass", dtype="float32",
+             used=["mul.Tensor"]),
+        dict(kind="sample", op="addcmul[float32]", i=1, status="fail", dtype="float32",
+             error="result: mismatch", used=["addcmul", "mul.Tensor"],
+             culprits=[["addcmul", "result: mismatch"]]),
+        dict(kind="grad", op="addcmul[float32]", i=1, status="fail", dtype="float32",
+             error="grad: mismatch", used=["mul.Tensor", "sum"], culprits=[]),
+        dict(kind="sample", op="cumsum[float16]", i=0, status="fail", dtype="float16",
+             error="x", used=["cumsum"], without_flaggems="x"),
+        dict(kind="sample", op="bernoulli[float32]", i=0, status="pass", dtype="float32",
+             used=["bernoulli_.float"], random=True, meta=True),
+    ]
+    for r in recs:
+        res.add(r)
+    cells = res.gems_ops()
+    assert (cells["mul.Tensor"]["float32"].passed, cells["mul.Tensor"]["float32"].failed) == (2, 1)
+    assert cells["addcmul"]["float32"].failed == 1 and cells["addcmul"]["float32"].passed == 0
+    assert cells["sum"]["float32"].failed == 1
+    assert "together" in cells["sum"]["float32"].errors[0][2]
+    assert cells["bernoulli_.float"]["float32"].random == 1
+    assert "cumsum" not in cells and len(res.not_flaggems) == 1
+    assert sorted(res.gems_failed_ops()) == ["addcmul", "mul.Tensor", "sum"]
+    assert res.grad_compared == 1 and res.grad_passed == 0
+    table = res.gems_table(["addcmul", "mul.Tensor", "sum", "bernoulli_.float", "cumsum", "exp"],
+                           ("float32", "float16")).splitlines()
+    row = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:-1]]
+           for line in table[2:]}
+    assert row["exp"] == ["not reached", "not reached"]
+    assert row["addcmul"][0] == "**fail** 1/1"
+    assert row["mul.Tensor"][0] == "**fail** 1/3"
+    assert row["bernoulli_.float"][0] == "random: shape 1"
+    with pytest.raises(ValueError, match="ref='cuda'"):
+        opinfo_sweep.run_sweep(provider="flaggems")
+    with pytest.raises(ValueError, match="float32, bfloat16, float16"):
+        opinfo_sweep.run_sweep(dtypes=("float64",))
+
+
+def test_flaggems_failure_every_operator_reproduces_is_not_charged():
+    res = opinfo_sweep.Result(provider="flaggems")
+    used = ["neg", "sub.Tensor", "zero_"]
+    res.add(dict(kind="grad", op="linalg.householder_product[float32]", i=3, status="fail",
+                 dtype="float32", error="grad[0]: mismatch", used=used,
+                 culprits=[[u, "grad[0]: mismatch"] for u in used]))
+    assert not res.gems_failed_ops()
+    assert res.unattributed == [("linalg.householder_product[float32] backward", 3,
+                                 "grad[0]: mismatch", used)]
