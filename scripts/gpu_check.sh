@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build torch_fl against that machine's
-# torch (CUDA), then run the GPU tests and the GPU benchmarks. Logs and JSON
-# go to $OUT (the device tool brings them back). Usage, from the repo root:
+# torch (CUDA; incremental when build/dev is still there), then run the GPU
+# tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
+# device tool brings them back). Usage, from the repo root:
 #   bash scripts/gpu_check.sh [tests|bench|all] [extra pytest args]
-# With a .whl/ folder of carried wheels (flag_gems; see docs/gpu.md) they are
-# installed first.
+# bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
+# cost), bench/flaggems_ops.py and bench/qwen3.py. With a .whl/ folder of
+# carried wheels (flag_gems; see docs/gpu.md) they are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -24,7 +26,7 @@ if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/b
   exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} FLAGOS_REPORT_DIR=$OUT
 python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices', torch.flagos.device_count())"
 
 rc=0
@@ -34,6 +36,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" 2>&1 | tee "$OUT/bench.log"
+  FLAGOS_DISABLE_FLAGGEMS_PY=1 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
+    2>&1 | tee "$OUT/bench.log"
+  python3 bench/flaggems_ops.py --json "$OUT/flaggems_ops.json" 2>&1 | tee -a "$OUT/bench.log"
+  python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
 fi
 exit $rc
