@@ -89,10 +89,19 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // until flagos implements the "overrideable" fused path, math (0) is the
   // correct choice there.
   if (runtime::uses_cuda()) return 0;
+  // The choice depends on which inputs require grad (a fused kernel with no
+  // derivative for a learned mask, T5's position bias, must not be picked);
+  // views are new leaves, so they are told.
   NativeViews views;
-  return at::_fused_sdp_choice(views.to_native(q), views.to_native(k), views.to_native(v),
-                               native_opt(views, mask), dropout_p, is_causal, scale,
-                               enable_gqa);
+  auto view = [&](const at::Tensor& t) {
+    at::Tensor n = views.to_native(t);
+    if (t.requires_grad()) n.set_requires_grad(true);
+    return n;
+  };
+  std::optional<at::Tensor> native_mask;
+  if (mask.has_value() && mask->defined()) native_mask = view(*mask);
+  return at::_fused_sdp_choice(view(q), view(k), view(v), native_mask, dropout_p, is_causal,
+                               scale, enable_gqa);
 }
 
 }  // namespace
