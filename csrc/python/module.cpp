@@ -14,6 +14,7 @@
 
 #include "aten/fallback.h"
 #include "aten/python_provider.h"
+#include "aten/rnn_cells.h"
 #include "hal/driver.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -162,8 +163,9 @@ PYBIND11_MODULE(_C, m) {
   // use (runtime::lazy_init), which is what fork safety keys on.
   m.def("_init", [] {
     guarded([] {
-      hal::driver();
+      hal::Driver& d = hal::driver();
       aten::register_direct_routes();
+      if (d.nativeDevice() == hal::NativeDevice::kHost) aten::register_host_rnn_cells();
       return 0;
     });
   });

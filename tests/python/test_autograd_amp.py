@@ -128,6 +128,35 @@ def test_sdpa_backward_matches_cpu_with_a_learned_mask(mask_grad):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: nn.LSTM(6, 8, num_layers=2, batch_first=True),
+    lambda: nn.LSTM(6, 8, bias=False, bidirectional=True),
+    lambda: nn.GRU(6, 8, num_layers=2),
+    lambda: nn.GRU(6, 8, bias=False, bidirectional=True, batch_first=True),
+    lambda: nn.LSTMCell(6, 8),
+    lambda: nn.GRUCell(6, 8),
+], ids=["lstm", "lstm-nobias-bidir", "gru", "gru-nobias-bidir", "lstm-cell", "gru-cell"])
+def test_recurrent_layers_match_cpu(make):
+    # PyTorch sends PrivateUse1 tensors down its GPU RNN path, whose fused
+    # cells only CUDA implements; on the host driver flagos provides them.
+    torch.manual_seed(0)
+    ref = make()
+    got = copy.deepcopy(ref).to("flagos")
+    x = torch.randn(5, 3, 6)
+    if isinstance(ref, (nn.LSTMCell, nn.GRUCell)):
+        x = x[0]
+    def flat(out):  # output and states: (y, (h, c)), (y, h), (h, c) or h
+        return [t for o in out for t in flat(o)] if isinstance(out, tuple) else [out]
+
+    outs = {}
+    for dev, m in (("cpu", ref), ("flagos", got)):
+        ys = flat(m(x.to(dev).requires_grad_()))
+        sum(y.square().sum() for y in ys).backward()  # every state gets a gradient
+        outs[dev] = [y.detach().cpu() for y in ys] + [p.grad.cpu() for p in m.parameters()]
+    for got_t, want in zip(outs["flagos"], outs["cpu"]):
+        torch.testing.assert_close(got_t, want, rtol=1e-5, atol=1e-6)
+
+
 def test_backward_through_views():
     x = torch.randn(6, 8)
     _grad_through(lambda t: (t.t()[2:5] * 3).sum() + t.view(-1)[::3].pow(2).sum(), x)
