@@ -76,6 +76,7 @@ child goes on at the next sample.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -338,6 +339,22 @@ class Result:
                 f"{len(self.unattributed)} failing samples no single operator explains; "
                 f"{len(self.not_flaggems)} failing samples not FlagGems' (fail with every "
                 f"operator on cuda too)")
+
+    def gems_report(self, registered: list, per_op: int = 3) -> list[str]:
+        """The FlagGems summary, backward count, and the failures, per_op at
+        most for each operator."""
+        lines = [self.gems_summary(registered),
+                 f"backward runs: {self.grad_passed} passed / {self.grad_compared} compared"]
+        for op, fails in self.gems_failed_ops().items():
+            for dt, label, i, err in fails[:per_op]:
+                lines.append(f"  FlagGems {op} [{dt}] in {label}[{i}]: {err}")
+        for label, i, err, used in self.unattributed:
+            lines.append(f"  unattributed (each of {', '.join(used)} alone fails alike): "
+                         f"{label}[{i}]: {err}")
+        for label, i, err in self.not_flaggems[:50]:
+            lines.append(f"  not FlagGems' (fails with every operator on cuda too): "
+                         f"{label}[{i}]: {err}")
+        return lines
 
     def add(self, rec: dict) -> None:
         kind = rec["kind"]
@@ -739,40 +756,53 @@ def _load_runner(stride: int, offset: int, only: set | None,
         return any(u in _FLAGGEMS_RANDOM or u.split(".")[0] in _FLAGGEMS_RANDOM
                    for u in used)
 
-    def rerun(op, s, tmpl, expected, factory, meta_only, tol):
-        """Runs a fresh flagos copy of the sample under the routes in force;
-        the error text, or None when it matches the reference."""
+    @contextlib.contextmanager
+    def on_cuda_but(gems=None):
+        """Every operator on cuda's kernels, except ``gems`` on FlagGems."""
+        routing.set_route("*", "cuda")
+        if gems:
+            routing.set_route(gems, "flaggems")
         try:
-            built = tmpl.build(DEVICE)
-            actual = call(op, built, DEVICE, factory)
-            compare_all(expected, s, actual, built, meta_only, tol)
+            yield
+        finally:
+            if gems:
+                routing.set_route(gems, "")
+            routing.set_route("*", "")
+
+    def failure(fn) -> str | None:
+        """None when ``fn()`` runs and its comparison holds, else the error text."""
+        try:
+            fn()
         except _Mismatch as e:
             return str(e)
         except Exception as e:  # noqa: BLE001
             return error_text(e)
         return None
 
+    def culprits_of(check, used) -> list:
+        """[operator, error] of each FlagGems operator that alone (every other
+        operator on cuda) makes ``check()`` fail."""
+        out = []
+        for u in used:
+            with on_cuda_but(u):
+                err = failure(check)
+            if err is not None:
+                out.append([u, err])
+        return out
+
     def trace(op, s, tmpl, expected, factory, meta_only, tol, used) -> dict:
         """Which FlagGems kernels a failing sample's failure comes from: the
         sample runs again with every operator on cuda (a failure then is not
         FlagGems'), then with one FlagGems operator at a time."""
-        routing.set_route("*", "cuda")
-        try:
-            err = rerun(op, s, tmpl, expected, factory, meta_only, tol)
-            if err is not None:
-                return {"without_flaggems": err}
-            culprits = []
-            for u in used:
-                routing.set_route(u, "flaggems")
-                try:
-                    err = rerun(op, s, tmpl, expected, factory, meta_only, tol)
-                finally:
-                    routing.set_route(u, "")
-                if err is not None:
-                    culprits.append([u, err])
-            return {"culprits": culprits}
-        finally:
-            routing.set_route("*", "")
+        def replay():
+            built = tmpl.build(DEVICE)
+            compare_all(expected, s, call(op, built, DEVICE, factory), built, meta_only, tol)
+
+        with on_cuda_but():
+            err = failure(replay)
+        if err is not None:
+            return {"without_flaggems": err}
+        return {"culprits": culprits_of(replay, used)}
 
     def wants_grad(op, dtype) -> bool:
         """Backward runs: provider flaggems, differentiable ops, float dtypes."""
@@ -861,11 +891,8 @@ def _load_runner(stride: int, offset: int, only: set | None,
         try:
             tmpl = Template(s, _CPU_ARGS.get(op.name, ()))
             factory = not has_tensor((s.input, s.args, s.kwargs))
-            routing.set_route("*", "cuda")
-            try:
+            with on_cuda_but():
                 want = grads(op, tmpl, factory)
-            finally:
-                routing.set_route("*", "")
             if want is None:
                 return None
         except Exception:  # noqa: BLE001  (no backward on cuda either: not compared)
@@ -882,54 +909,29 @@ def _load_runner(stride: int, offset: int, only: set | None,
                     raise
 
         def refereed_grads(got) -> bool:
-            routing.set_route("*", "cuda")
             try:
-                exact = grads(op, tmpl, factory, lowp)
+                with on_cuda_but():
+                    exact = grads(op, tmpl, factory, lowp)
             except Exception:  # noqa: BLE001
                 return False
-            finally:
-                routing.set_route("*", "")
             return exact is not None and closer(got, want, exact, lowp)
 
         def varies() -> bool:
             """Whether the cuda run disagrees with itself (atomics)."""
-            routing.set_route("*", "cuda")
-            try:
-                compare(want, grads(op, tmpl, factory), "grad", False, tol)
-            except Exception:  # noqa: BLE001
-                return True
-            finally:
-                routing.set_route("*", "")
-            return False
+            with on_cuda_but():
+                return failure(lambda: compare(want, grads(op, tmpl, factory), "grad", False,
+                                               tol)) is not None
 
         routing.reset_stats()
-        rec = {"status": "pass", "error": None}
-        try:
-            try:
-                check()
-            finally:
-                rec["used"] = used = flaggems_used()
-        except Exception as e:  # noqa: BLE001
-            if varies():
-                return None  # not comparable: the reference itself varies
-            rec.update(status="fail", error=str(e) if isinstance(e, _Mismatch) else error_text(e))
-            culprits = []
-            routing.set_route("*", "cuda")
-            try:
-                for u in used:
-                    routing.set_route(u, "flaggems")
-                    try:
-                        check()
-                    except Exception as e2:  # noqa: BLE001
-                        culprits.append([u, str(e2) if isinstance(e2, _Mismatch) else error_text(e2)])
-                    finally:
-                        routing.set_route(u, "")
-            finally:
-                routing.set_route("*", "")
-            rec["culprits"] = culprits
-        if is_random(rec["used"]):
+        err = failure(check)
+        used = flaggems_used()
+        if is_random(used):
             return None
-        return rec
+        if err is None:
+            return {"status": "pass", "error": None, "used": used}
+        if varies():
+            return None  # not comparable: the reference itself varies
+        return {"status": "fail", "error": err, "used": used, "culprits": culprits_of(check, used)}
 
     def refereed(op, s, tmpl, expected, actual, factory) -> bool:
         """A result that differs from CUDA's beyond the tolerance passes when
@@ -1475,16 +1477,10 @@ def main(argv=None) -> int:
         import torch_fl
 
         registered = torch_fl.flaggems.registered_ops()
-        for op, fails in res.gems_failed_ops().items():
-            for dt, label, i, err in fails[:3]:
-                print(f"flaggems FAIL {op} [{dt}] in {label}[{i}]: {err}")
-        for label, i, err in res.not_flaggems[:50]:
-            print(f"not flaggems' (fails on cuda routes too): {label}[{i}]: {err}")
         if a.table:
             with open(a.table, "w") as f:
                 f.write(res.gems_table(registered, dtypes) + "\n")
-        print(res.gems_summary(registered))
-        print(f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared")
+        print("\n".join(res.gems_report(registered)))
     return 0
 
 

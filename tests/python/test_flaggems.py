@@ -98,23 +98,14 @@ def test_every_flaggems_operator_against_native_cuda(capsys):
                                  max_samples=SWEEP_SAMPLES, seed=seed)
     registered = torch_fl.flaggems.registered_ops()
     table = res.gems_table(registered, opinfo_sweep.DTYPES)
+    lines = [f"seed {seed}", res.summary(), *res.gems_report(registered, per_op=2)]
     report = os.environ.get("FLAGOS_REPORT_DIR")
     if report:
         with open(os.path.join(report, "flaggems_opinfo.md"), "w") as f:
-            f.write(f"seed {seed}\n\n{res.summary()}\n\n{res.gems_summary(registered)}\n\n"
-                    f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared\n\n"
-                    f"{table}\n")
-    failed = res.gems_failed_ops()
+            f.write("\n".join(lines) + f"\n\n{table}\n")
     with capsys.disabled():
-        print(f"\nseed {seed}\n{res.summary()}\n{res.gems_summary(registered)}\n"
-              f"backward runs: {res.grad_passed} passed / {res.grad_compared} compared")
-        for op, fails in failed.items():
-            for dt, label, i, err in fails[:2]:
-                print(f"  FlagGems {op} [{dt}] in {label}[{i}]: {err}")
-        for label, i, err, used in res.unattributed:
-            print(f"  unattributed (each of {', '.join(used)} alone fails alike): {label}[{i}]: {err}")
-        for label, i, err in res.not_flaggems[:30]:
-            print(f"  not FlagGems' (fails with every op on cuda too): {label}[{i}]: {err}")
+        print("\n" + "\n".join(lines))
+    failed = res.gems_failed_ops()
     assert res.crashes == 0, res.summary()
     assert not failed, ("FlagGems operators that differ from native CUDA (exclude them in "
                         "torch_fl/flaggems.py EXCLUDED, with the reason): " + ", ".join(failed))
