@@ -59,16 +59,9 @@ def make_cases(device):
 
 def served_by(cases):
     """case -> the aten operators one flagos call ran on FlagGems."""
-    import torch_fl
-
-    out = {}
-    for name, (fn, _) in cases.items():
-        torch_fl.routing.reset_stats()
-        fn()
-        out[name] = sorted(s.op.removeprefix("aten::") for s in torch_fl.routing.stats()
-                           if s.calls.get("flaggems"))
-    torch.cuda.synchronize()
-    return out
+    return {name: sorted(op.removeprefix("aten::") for op, backends in ops.items()
+                         if "flaggems" in backends.split(","))
+            for name, ops in cuda_overhead.routes_used(cases).items()}
 
 
 def check(fns, name):

@@ -63,21 +63,9 @@ def child(a) -> int:
     del model
     model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
     batches = wl.train_batches(cfg["vocab_size"], a.batch, a.prompt_len, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    times = []
-    data = batches.to(device)
-    for step in range(a.steps):
-        x = data[step % data.shape[0]]
-        wl.synchronize(device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=x, labels=x, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        wl.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    out["train_step_s"] = statistics.median(times[1:])
-    out["final_loss"] = loss.item()
+    tr = wl.train(model, batches, a.steps, device, lr=1e-4)
+    out["train_step_s"] = statistics.median(tr["step_times_s"][1:])
+    out["final_loss"] = tr["losses"][-1]
     if device == "flagos":
         summary = wl.routing_summary()
         out["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}

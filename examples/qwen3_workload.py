@@ -197,8 +197,8 @@ def train(model, batches: torch.Tensor, steps: int, device, attn: str = "sdpa",
 
     Returns the losses, the gradient norm of every parameter at every step
     ([steps, n_params], CPU float32), full CPU float32 gradients of
-    :func:`saved_param_names` at the first and last step, and the mean step
-    time after the first step (forward, backward, optimizer step; norms and
+    :func:`saved_param_names` at the first and last step, every step's time
+    and their mean after the first step (forward, backward, optimizer step; norms and
     copies are outside the timed region).
     """
     model.train()
@@ -237,6 +237,7 @@ def train(model, batches: torch.Tensor, steps: int, device, attn: str = "sdpa",
         "grads_first": grads_first or {},
         "grads_last": grads_last or {},
         "step_time_s": sum(later) / len(later) if later else float("nan"),
+        "step_times_s": times,
         "first_step_s": times[0] if times else float("nan"),
     }
 
