@@ -15,6 +15,7 @@
 #include "aten/native_view.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/storage.h"
 #include "runtime/stream.h"
 
 namespace torch_fl::aten {
@@ -33,6 +34,33 @@ void check_layout(std::optional<c10::Layout> layout) {
               "flagos supports only strided tensors, got layout ", *layout);
 }
 
+// A flagos tensor over fresh memory: a FlagosStorage (so its native twin
+// exists from the start) and a TensorImpl with the given geometry.
+at::Tensor new_flagos_tensor(c10::IntArrayRef size, std::optional<c10::IntArrayRef> stride,
+                             std::optional<c10::ScalarType> dtype,
+                             std::optional<c10::Device> device,
+                             std::optional<c10::MemoryFormat> memory_format) {
+  at::detail::check_size_nonnegative(size);
+  const auto meta = c10::scalarTypeToTypeMeta(c10::dtype_or_default(dtype));
+  const size_t nbytes =
+      stride ? at::detail::computeStorageNbytes(size, *stride, meta.itemsize())
+             : at::detail::computeStorageNbytesContiguous(size, meta.itemsize());
+  auto tensor = at::detail::make_tensor_base<c10::TensorImpl>(
+      c10::Storage(runtime::allocate_flagos_storage(target_device(device), nbytes)),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  auto* impl = tensor.unsafeGetTensorImpl();
+  if (stride) {
+    impl->set_sizes_and_strides(size, *stride);
+  } else {
+    // A fresh TensorImpl is the 1-d empty tensor already.
+    if (size.size() != 1 || size[0] != 0) impl->set_sizes_contiguous(size);
+    if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Contiguous) {
+      impl->empty_tensor_restride(*memory_format);
+    }
+  }
+  return at::Tensor(std::move(tensor));
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
@@ -42,12 +70,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   check_layout(layout);
   TORCH_CHECK(!pin_memory.value_or(false),
               "only CPU tensors can be pinned, not flagos tensors");
-  auto index = target_device(device);
-  c10::DeviceGuard guard(c10::Device(kFlagos, index));
-  return at::detail::empty_generic(
-      size, &runtime::device_allocator(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::dtype_or_default(dtype), memory_format);
+  return new_flagos_tensor(size, std::nullopt, dtype, device, memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -58,12 +81,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   check_layout(layout);
   TORCH_CHECK(!pin_memory.value_or(false),
               "only CPU tensors can be pinned, not flagos tensors");
-  auto index = target_device(device);
-  c10::DeviceGuard guard(c10::Device(kFlagos, index));
-  return at::detail::empty_strided_generic(
-      size, stride, &runtime::device_allocator(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::dtype_or_default(dtype));
+  TORCH_CHECK(size.size() == stride.size(), "empty_strided: ", size.size(),
+              " sizes but ", stride.size(), " strides");
+  return new_flagos_tensor(size, stride, dtype, device, std::nullopt);
 }
 
 void maybe_grow_storage(c10::TensorImpl* self, size_t needed_bytes) {
@@ -135,11 +155,7 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
-  c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
-                     &runtime::device_allocator(), /*resizable=*/true);
-  // The empty storage must say which flagos device it belongs to.
-  empty.unsafeGetStorageImpl()->mutable_data_ptr().unsafe_set_device(
-      self.device());
+  c10::Storage empty(runtime::allocate_flagos_storage(self.device().index(), 0));
   return set_storage_offset(self, std::move(empty), 0, {0}, {});
 }
 

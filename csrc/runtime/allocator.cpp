@@ -356,22 +356,6 @@ bool FlagosAllocator::owns(const c10::DataPtr& ptr) noexcept {
          (uses_cuda() && cuda::owns(ptr));
 }
 
-void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
-  TORCH_CHECK(storage.resizable(),
-              "cannot resize a flagos storage that is not resizable (it wraps "
-              "memory that flagos does not own)");
-  auto device = storage.device().index();
-  c10::DataPtr fresh = device_allocator().allocate_on(device, nbytes, kFlagos);
-  size_t keep = std::min(nbytes, storage.nbytes());
-  if (keep > 0) {
-    driver().copy(fresh.get(), storage.data_ptr().get(), keep,
-                  hal::CopyKind::kDeviceToDevice, current_stream_handle(device),
-                  /*async=*/false);
-  }
-  storage.set_data_ptr_noswap(std::move(fresh));
-  storage.set_nbytes(nbytes);
-}
-
 FlagosAllocator& device_allocator() {
   static FlagosAllocator* instance = [] {
     auto* a = new FlagosAllocator();  // leaked: frees run until exit

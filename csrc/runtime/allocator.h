@@ -49,11 +49,3 @@ bool free_if_owned(void* ptr) noexcept;
 FlagosAllocator& device_allocator();
 
 }  // namespace torch_fl::runtime
-
-namespace torch_fl::runtime {
-
-// Grows (or shrinks) a flagos storage to `nbytes`, keeping its first
-// min(old, new) bytes: what resize_ and UntypedStorage.resize_ need.
-void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes);
-
-}  // namespace torch_fl::runtime

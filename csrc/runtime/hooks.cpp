@@ -5,6 +5,7 @@
 #include "runtime/device.h"
 #include "runtime/generator.h"
 #include "runtime/host_allocator.h"
+#include "runtime/storage.h"
 #include "runtime/stream.h"
 
 namespace torch_fl::runtime {

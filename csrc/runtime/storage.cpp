@@ -1,0 +1,127 @@
+#include "runtime/storage.h"
+
+#include <algorithm>
+#include <typeinfo>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/native_allocation.h"
+#include "runtime/stream.h"
+
+namespace torch_fl::runtime {
+namespace {
+
+c10::Device native_device_of(const c10::StorageImpl& storage) {
+  if (driver().nativeDevice() == hal::NativeDevice::kHost) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, storage.device().index());
+}
+
+// PyTorch's own storage constructors for flagos (torch.UntypedStorage(n,
+// device="flagos"), deserialisation) come here: flagos storages always carry
+// a twin. A null data pointer means "allocate".
+c10::intrusive_ptr<c10::StorageImpl> create_storage(c10::StorageImpl::use_byte_size_t,
+                                                    c10::SymInt size_bytes,
+                                                    c10::DataPtr data_ptr,
+                                                    c10::Allocator* allocator,
+                                                    bool resizable) {
+  const size_t nbytes = static_cast<size_t>(size_bytes.expect_int());
+  if (data_ptr.get() == nullptr && nbytes > 0) {
+    TORCH_CHECK(allocator != nullptr, "flagos: a storage of ", nbytes,
+                " bytes needs an allocator or memory");
+    data_ptr = allocator->allocate(nbytes);
+  }
+  return c10::make_intrusive<FlagosStorage>(c10::StorageImpl::use_byte_size_t(),
+                                            std::move(size_bytes), std::move(data_ptr),
+                                            allocator, resizable);
+}
+
+}  // namespace
+
+FlagosStorage::FlagosStorage(use_byte_size_t, c10::SymInt size_bytes, c10::DataPtr data_ptr,
+                             c10::Allocator* allocator, bool resizable,
+                             c10::intrusive_ptr<c10::StorageImpl> twin)
+    : c10::StorageImpl(use_byte_size_t(), std::move(size_bytes), std::move(data_ptr),
+                       allocator, resizable),
+      twin_(std::move(twin)) {
+  if (sym_nbytes().is_heap_allocated()) return;  // symbolic: never viewed natively
+  if (!twin_) {
+    twin_ = make_native_twin(*this);
+  } else {
+    point_twin();
+  }
+}
+
+c10::StorageImpl* FlagosStorage::twin_of(c10::StorageImpl* storage) noexcept {
+  if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
+  c10::StorageImpl* twin = static_cast<FlagosStorage*>(storage)->twin_.get();
+  if (twin == nullptr || twin->data_ptr().get() != storage->data_ptr().get() ||
+      twin->nbytes() != storage->nbytes()) {
+    return nullptr;
+  }
+  return twin;
+}
+
+void FlagosStorage::point_twin() {
+  twin_->set_data_ptr_noswap(c10::DataPtr(data_ptr().get(), native_device_of(*this)));
+  twin_->set_nbytes(nbytes());
+}
+
+void FlagosStorage::set_memory(c10::DataPtr data_ptr, size_t nbytes) {
+  set_data_ptr_noswap(std::move(data_ptr));
+  set_nbytes(nbytes);
+  if (twin_) point_twin();
+}
+
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(
+    size_t nbytes, c10::DataPtr data_ptr, c10::intrusive_ptr<c10::StorageImpl> twin) {
+  return c10::make_intrusive<FlagosStorage>(c10::StorageImpl::use_byte_size_t(),
+                                            static_cast<int64_t>(nbytes), std::move(data_ptr),
+                                            &device_allocator(), /*resizable=*/true,
+                                            std::move(twin));
+}
+
+c10::intrusive_ptr<c10::StorageImpl> allocate_flagos_storage(c10::DeviceIndex device,
+                                                             size_t nbytes) {
+  return make_flagos_storage(nbytes, device_allocator().allocate_on(device, nbytes, kFlagos));
+}
+
+c10::intrusive_ptr<c10::StorageImpl> make_native_twin(const c10::StorageImpl& storage) {
+  // Resizable with the native allocator: a kernel that grows a view's storage
+  // (out= with a wrong size) allocates flagos memory, which the caller then
+  // moves into the flagos storage (set_memory).
+  return c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(storage.nbytes()),
+      c10::DataPtr(storage.data_ptr().get(), native_device_of(storage)), native_allocator(),
+      /*resizable=*/true);
+}
+
+void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
+  TORCH_CHECK(storage.resizable(),
+              "cannot resize a flagos storage that is not resizable (it wraps "
+              "memory that flagos does not own)");
+  auto device = storage.device().index();
+  c10::DataPtr fresh = device_allocator().allocate_on(device, nbytes, kFlagos);
+  size_t keep = std::min(nbytes, storage.nbytes());
+  if (keep > 0) {
+    driver().copy(fresh.get(), storage.data_ptr().get(), keep,
+                  hal::CopyKind::kDeviceToDevice, current_stream_handle(device),
+                  /*async=*/false);
+  }
+  if (typeid(storage) == typeid(FlagosStorage)) {
+    static_cast<FlagosStorage&>(storage).set_memory(std::move(fresh), nbytes);
+  } else {
+    storage.set_data_ptr_noswap(std::move(fresh));
+    storage.set_nbytes(nbytes);
+  }
+}
+
+bool usable_as_twin(const c10::StorageImpl& storage) noexcept {
+  return storage.resizable() && storage.allocator() == native_allocator() &&
+         !storage.sym_nbytes().is_heap_allocated();
+}
+
+// Registered at load, before any flagos storage can be made.
+static const bool kCreatorRegistered =
+    (c10::SetStorageImplCreate(kFlagos, &create_storage), true);
+
+}  // namespace torch_fl::runtime

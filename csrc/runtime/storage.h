@@ -1,0 +1,69 @@
+#pragma once
+
+// Flagos storages, and the native twin each one carries.
+//
+// Operators run native kernels over "native views" of flagos tensors: tensors
+// of the driver's native device type (CPU on the host driver, CUDA on the cuda
+// driver) over the same bytes. A view needs a StorageImpl of the native type.
+// Making one per argument per call was the largest single cost of the routing
+// path, so every flagos storage that torch_fl creates is a FlagosStorage that
+// owns the memory and keeps one *native twin*: a non-owning native
+// StorageImpl over the same bytes, shared by all views of it.
+//
+// Contract:
+//  - the twin is valid while it describes the storage: same data pointer and
+//    byte size (twin_of() checks; a storage whose memory was replaced behind
+//    our back simply gets a fresh storage per call, as before);
+//  - code that replaces a FlagosStorage's memory (resize, a kernel that grew
+//    a view's storage) calls set_memory(), which keeps the twin in step;
+//  - a twin never owns memory: the flagos storage frees it, so a twin must not
+//    outlive a kernel call in any object the caller keeps.
+
+#include <c10/core/Storage.h>
+#include <c10/core/StorageImpl.h>
+
+namespace torch_fl::runtime {
+
+class FlagosStorage final : public c10::StorageImpl {
+ public:
+  // `twin`: an existing native storage over the same bytes to keep as the
+  // twin (a kernel's output storage whose memory moved here); else one is made.
+  FlagosStorage(use_byte_size_t, c10::SymInt size_bytes, c10::DataPtr data_ptr,
+                c10::Allocator* allocator, bool resizable,
+                c10::intrusive_ptr<c10::StorageImpl> twin = {});
+
+  // The twin, or nullptr when `storage` is not a FlagosStorage or its memory
+  // changed without set_memory(). Cheap: a type check and two compares.
+  static c10::StorageImpl* twin_of(c10::StorageImpl* storage) noexcept;
+
+  // Replaces the memory (and size) of the storage and re-points the twin.
+  void set_memory(c10::DataPtr data_ptr, size_t nbytes);
+
+ private:
+  void point_twin();
+  c10::intrusive_ptr<c10::StorageImpl> twin_;
+};
+
+// A new flagos storage owning `data_ptr` (labelled flagos); allocations and
+// resizes go through the flagos allocator.
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(
+    size_t nbytes, c10::DataPtr data_ptr,
+    c10::intrusive_ptr<c10::StorageImpl> twin = {});
+
+// A flagos storage of `nbytes` fresh bytes on `device`.
+c10::intrusive_ptr<c10::StorageImpl> allocate_flagos_storage(c10::DeviceIndex device,
+                                                             size_t nbytes);
+
+// A non-owning storage of the native device type over `storage`'s bytes,
+// resizable through the native allocator (a kernel that grows it allocates
+// flagos memory; see native_allocation.h).
+c10::intrusive_ptr<c10::StorageImpl> make_native_twin(const c10::StorageImpl& storage);
+
+// Grows (or shrinks) a flagos storage to `nbytes`, keeping its first
+// min(old, new) bytes: what resize_ and UntypedStorage.resize_ need.
+void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes);
+
+// Whether `storage` can serve as a twin as it is (native allocator, resizable).
+bool usable_as_twin(const c10::StorageImpl& storage) noexcept;
+
+}  // namespace torch_fl::runtime
