@@ -72,10 +72,12 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return false;
 }
 
+}  // namespace
+
 // Hot path: a cached plan lookup, two relaxed atomic loads to check the
 // route, a counter, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
-void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
+void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
   OpPlan& plan = plan_for(op);
   if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
@@ -118,14 +120,12 @@ void flagos_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   }
 }
 
-}  // namespace
-
 // Composite kernels that refuse devices other than CPU/CUDA/XPU; through the
 // routing path they run on native views, where the check passes.
 constexpr std::string_view kDeviceCheckingComposites[] = {"mode.values"};
 
 void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  flagos_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+  boxed_routing_kernel(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
 }
 
 void register_direct_routes() {
@@ -153,13 +153,13 @@ void register_direct_routes() {
         continue;
       }
       lib->impl(full.c_str(),
-                torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+                torch::CppFunction::makeFromBoxedFunction<&boxed_routing_kernel>());
     }
   });
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&boxed_routing_kernel>());
 }
 
 }  // namespace torch_fl::aten

@@ -2,6 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 
+#include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "aten/python_provider.h"
 #include "runtime/device.h"
@@ -17,45 +18,27 @@ bool is_flagos(const at::Tensor& t) {
   return t.defined() && t.device().type() == kFlagos;
 }
 
-// Tracks the one flagos device an operator runs on, with CUDA's message when
-// arguments disagree.
-struct DeviceOf {
-  c10::DeviceIndex index = -1;
-  const c10::OperatorHandle& op;
-
-  void see(c10::DeviceIndex d) {
-    if (index == -1) {
-      index = d;
-      return;
-    }
-    TORCH_CHECK(index == d,
-                "Expected all tensors to be on the same device, but found at "
-                "least two devices, flagos:", static_cast<int>(index),
-                " and flagos:", static_cast<int>(d), " (in ",
-                op.schema().operator_name(), ")");
-  }
-};
-
-}  // namespace
-
-namespace {
-
 // Rewrites the operator's tensor and Device arguments in place: every tensor
-// becomes convert(tensor, is_write, in_index_list); a flagos Device argument
-// is reported to device.see() and becomes `replacement`. Generators are left
-// to the caller (they need the device first).
-template <typename Convert>
+// becomes convert(tensor, is_write, in_index_list); a Device argument becomes
+// device(d). Generators are left to the caller (they need the device first).
+// The replaced values move to `originals`, which keeps the caller's tensors
+// alive for the call even when the stack held their only reference.
+template <typename Convert, typename DeviceArg>
 void translate_arguments(const OpPlan& plan, torch::jit::Stack* stack, size_t base,
-                         DeviceOf& device, c10::Device replacement, Convert&& convert) {
+                         c10::SmallVector<c10::IValue, 4>& originals, Convert&& convert,
+                         DeviceArg&& device) {
   for (const ArgSlot& slot : plan.slots) {
     c10::IValue& v = (*stack)[base + slot.index];
     switch (slot.kind) {
       case ArgKind::kTensor:
-        if (v.isTensor()) v = convert(v.toTensor(), slot.is_write, false);
+        if (!v.isTensor()) break;
+        originals.push_back(std::move(v));
+        v = convert(originals.back().toTensor(), slot.is_write, false);
         break;
       case ArgKind::kTensorList: {
         if (!v.isTensorList()) break;
-        auto in = v.toTensorList();
+        originals.push_back(std::move(v));
+        auto in = originals.back().toTensorList();
         c10::List<at::Tensor> out;
         out.reserve(in.size());
         for (const at::Tensor& t : in) out.push_back(convert(t, slot.is_write, false));
@@ -64,7 +47,8 @@ void translate_arguments(const OpPlan& plan, torch::jit::Stack* stack, size_t ba
       }
       case ArgKind::kOptionalTensorList: {
         if (!v.isOptionalTensorList()) break;
-        auto in = v.toOptionalTensorList();
+        originals.push_back(std::move(v));
+        auto in = originals.back().toOptionalTensorList();
         c10::List<std::optional<at::Tensor>> out;
         out.reserve(in.size());
         for (const std::optional<at::Tensor>& t : in) {
@@ -76,11 +60,7 @@ void translate_arguments(const OpPlan& plan, torch::jit::Stack* stack, size_t ba
         break;
       }
       case ArgKind::kDevice:
-        if (v.isDevice() && v.toDevice().type() == kFlagos) {
-          auto d = v.toDevice();
-          device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
-          v = c10::IValue(replacement);
-        }
+        if (v.isDevice()) v = c10::IValue(device(v.toDevice()));
         break;
       case ArgKind::kGenerator:
         break;
@@ -106,79 +86,58 @@ void translate_results(const OpPlan& plan, torch::jit::Stack* stack, Map&& map) 
   }
 }
 
-// Runs `call` with every flagos argument on the stack replaced by its native
-// view, then maps results and written arguments back (see the header).
-template <typename Call>
+// Runs `kernel` with every flagos argument on the stack replaced by its
+// native view, then maps results and written arguments back (NativeCall).
+template <typename Kernel>
 void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
-                       torch::jit::Stack* stack, Call&& call) {
+                       torch::jit::Stack* stack, bool python_kernel, Kernel&& kernel) {
   const size_t base = stack->size() - plan.num_arguments;
-  NativeViews views;
-  DeviceOf device{-1, op};
-  // (flagos, native view) of every argument the kernel may write.
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;
-  // Non-flagos tensor arguments, checked once we know a flagos one is there.
-  c10::SmallVector<std::pair<at::Tensor, bool>, 2> foreign;
-
-  // A CPU tensor among flagos arguments is accepted where CUDA accepts one
-  // among CUDA arguments: a 0-dim scalar, or an index in a Tensor?[] list.
-  auto check_foreign = [&](const at::Tensor& t, bool index_list) {
-    if (!t.defined() || index_list || (t.device().is_cpu() && t.dim() == 0)) return;
-    TORCH_CHECK(false,
-                "Expected all tensors to be on the same device, but found at "
-                "least two devices, flagos and ", t.device(), "! (in ",
-                op.schema().operator_name(), ")");
-  };
-  translate_arguments(plan, stack, base, device, c10::Device(NativeViews::native_type()),
-                      [&](const at::Tensor& t, bool is_write, bool index_list) -> at::Tensor {
-    if (!is_flagos(t)) {
-      if (t.defined()) foreign.emplace_back(t, index_list);
-      return t;
-    }
-    device.see(t.device().index());
-    at::Tensor native = views.to_native(t);
-    if (is_write) written.emplace_back(t, native);
-    return native;
-  });
-  if (device.index == -1) {
-    device.index = runtime::current_device();
-  } else {
-    for (const auto& [t, index_list] : foreign) check_foreign(t, index_list);
-  }
+  c10::SmallVector<c10::IValue, 4> originals;
+  NativeCall call(op, python_kernel);
+  translate_arguments(
+      plan, stack, base, originals,
+      [&](const at::Tensor& t, bool is_write, bool index_list) {
+        return is_write ? call.written_arg(t) : call.arg(t, index_list);
+      },
+      [&](c10::Device d) { return call.device_arg(d); });
+  call.finish_arguments();
   for (const ArgSlot& slot : plan.slots) {
     if (slot.kind != ArgKind::kGenerator) continue;
     c10::IValue& v = (*stack)[base + slot.index];
     std::optional<at::Generator> gen;
     if (v.isGenerator()) gen = v.toGenerator();
-    v = c10::IValue(runtime::native_generator(gen, device.index));
+    v = c10::IValue(call.generator(gen));
   }
-
-  {
-    // Switching devices only when needed: the guard's exchange-and-restore
-    // costs more than the rest of a small op's bookkeeping.
-    std::optional<c10::DeviceGuard> guard;
-    if (device.index != runtime::current_device()) {
-      guard.emplace(c10::Device(kFlagos, device.index));
-    }
-    runtime::NativeAllocationScope scope(device.index);
-    call();
-  }
-
-  for (auto& [flagos, native] : written) views.sync_back(flagos, native);
-
-  translate_results(plan, stack,
-                    [&](const at::Tensor& r) { return views.to_flagos(r, device.index); });
+  call.run(kernel);
+  call.sync_written();
+  translate_results(plan, stack, [&](const at::Tensor& r) { return call.result(r); });
 }
+
+// The device the cpu round trip runs for, as the native path finds it.
+struct DeviceOf {
+  c10::DeviceIndex index = -1;
+  const c10::OperatorHandle& op;
+
+  void see(c10::DeviceIndex d) {
+    if (index == -1) {
+      index = d;
+      return;
+    }
+    TORCH_CHECK(index == d,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, flagos:", static_cast<int>(index),
+                " and flagos:", static_cast<int>(d), " (in ",
+                op.schema().operator_name(), ")");
+  }
+};
 
 }  // namespace
 
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack) {
-  with_native_views(op, plan, stack, [&] {
-    auto key = NativeViews::native_type() == c10::DeviceType::CPU
-                   ? c10::DispatchKey::CPU
-                   : c10::DispatchKey::CUDA;
+  with_native_views(op, plan, stack, /*python_kernel=*/false, [&] {
     try {
-      op.redispatchBoxed(c10::DispatchKeySet(key), stack);
+      op.redispatchBoxed(NativeCall::native_keys(), stack);
     } catch (c10::NotImplementedError& e) {
       TORCH_CHECK_NOT_IMPLEMENTED(
           false, op.schema().operator_name(), " has no ",
@@ -192,7 +151,8 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack) {
   const int64_t kernel = plan.python_kernel.load(std::memory_order_relaxed);
-  with_native_views(op, plan, stack, [&] { invoke_python_kernel(kernel, op, stack); });
+  with_native_views(op, plan, stack, /*python_kernel=*/true,
+                    [&] { invoke_python_kernel(kernel, op, stack); });
 }
 
 void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
@@ -202,14 +162,21 @@ void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,
   DeviceOf device{-1, op};
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (flagos, cpu)
 
-  translate_arguments(plan, stack, base, device, c10::Device(c10::kCPU),
-                      [&](const at::Tensor& t, bool is_write, bool) -> at::Tensor {
-    if (!is_flagos(t)) return t;
-    device.see(t.device().index());
-    at::Tensor cpu = views.to_native(t).to(c10::kCPU);
-    if (is_write) written.emplace_back(t, cpu);
-    return cpu;
-  });
+  c10::SmallVector<c10::IValue, 4> originals;
+  translate_arguments(
+      plan, stack, base, originals,
+      [&](const at::Tensor& t, bool is_write, bool) -> at::Tensor {
+        if (!is_flagos(t)) return t;
+        device.see(t.device().index());
+        at::Tensor cpu = views.to_native(t).to(c10::kCPU);
+        if (is_write) written.emplace_back(t, cpu);
+        return cpu;
+      },
+      [&](c10::Device d) {
+        if (d.type() != kFlagos) return d;
+        device.see(runtime::resolve_device(d.has_index() ? d.index() : -1));
+        return c10::Device(c10::kCPU);
+      });
   // A flagos generator cannot drive a CPU kernel: CPU's default does.
   for (const ArgSlot& slot : plan.slots) {
     c10::IValue& v = (*stack)[base + slot.index];

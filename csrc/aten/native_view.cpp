@@ -4,6 +4,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <array>
 #include <typeinfo>
 
 #include "runtime/allocator.h"
@@ -44,6 +45,53 @@ void release_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
+// The calling thread's recent native views, so that a tensor used again (a
+// weight, the result of the previous operator) does not get a new TensorImpl
+// per call: building one is the largest remaining cost of a small operator.
+// Direct-mapped by the flagos TensorImpl's address. An entry is used only if
+// it still describes the flagos tensor exactly: the same twin storage (a twin
+// is never shared by two live flagos storages, and the entry keeps it alive,
+// so its address cannot be reused), dtype, sizes, strides, offset and
+// conj/neg bits. A stale entry is therefore harmless; it holds one small
+// TensorImpl and a twin that owns no memory.
+class ViewCache {
+ public:
+  const at::Tensor* find(const c10::TensorImpl* flagos, const c10::StorageImpl* twin) const {
+    const Entry& e = entries_[slot(flagos)];
+    if (e.flagos != flagos || !e.native.defined()) return nullptr;
+    const c10::TensorImpl* n = e.native.unsafeGetTensorImpl();
+    if (n->storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
+        n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
+        n->is_neg() != flagos->is_neg() || n->sizes() != flagos->sizes() ||
+        n->strides() != flagos->strides()) {
+      return nullptr;
+    }
+    return &e.native;
+  }
+
+  void put(const c10::TensorImpl* flagos, const at::Tensor& native) {
+    Entry& e = entries_[slot(flagos)];
+    e.flagos = flagos;
+    e.native = native;
+  }
+
+ private:
+  static constexpr size_t kSlots = 64;
+  static size_t slot(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) >> 6) % kSlots;  // TensorImpls are >= 64 bytes
+  }
+  struct Entry {
+    const c10::TensorImpl* flagos = nullptr;
+    at::Tensor native;
+  };
+  std::array<Entry, kSlots> entries_;
+};
+
+ViewCache& view_cache() {
+  thread_local ViewCache cache;
+  return cache;
+}
+
 }  // namespace
 
 c10::DeviceType NativeViews::native_type() {
@@ -71,6 +119,13 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     // The storage's twin when it has a valid one (every storage flagos made),
     // else a native storage for this call alone.
     c10::StorageImpl* twin = FlagosStorage::twin_of(fs);
+    if (twin != nullptr && reuse_views_) {
+      if (const at::Tensor* cached = view_cache().find(flagos.unsafeGetTensorImpl(), twin)) {
+        storages_.push_back({fs, cached->storage(), fs->data_ptr().get()});
+        tensors_.push_back({cached->unsafeGetTensorImpl(), flagos.unsafeGetTensorImpl()});
+        return *cached;
+      }
+    }
     c10::Storage storage(twin != nullptr
                              ? c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(twin)
                              : runtime::make_native_twin(*fs));
@@ -78,15 +133,16 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     native = &storages_.back().native;
   }
   at::Tensor view = tensor_on(*native, native_key(), flagos);
-  tensors_.push_back({view.unsafeGetTensorImpl(), flagos});
+  tensors_.push_back({view.unsafeGetTensorImpl(), flagos.unsafeGetTensorImpl()});
+  if (reuse_views_ && FlagosStorage::twin_of(fs) == native->unsafeGetStorageImpl()) {
+    view_cache().put(flagos.unsafeGetTensorImpl(), view);
+  }
   return view;
 }
 
-void NativeViews::sync_back(const at::Tensor& flagos,
-                            const at::Tensor& native_view) {
-  if (!flagos.defined()) return;
+void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
-  c10::StorageImpl* fs = flagos.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
   for (auto& p : storages_) {
     if (p.native.unsafeGetStorageImpl() != ns) continue;
     if (ns->data_ptr().get() != p.original_data || ns->nbytes() != fs->nbytes()) {
@@ -98,7 +154,7 @@ void NativeViews::sync_back(const at::Tensor& flagos,
           c10::DataPtr(p.original_data, ns->data_ptr().device()));
       TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
                             "grown storage was not allocated by flagos");
-      grown.unsafe_set_device(flagos.device());
+      grown.unsafe_set_device(flagos->device());
       if (typeid(*fs) == typeid(FlagosStorage)) {
         static_cast<FlagosStorage*>(fs)->set_memory(std::move(grown), nbytes);
       } else {
@@ -109,12 +165,10 @@ void NativeViews::sync_back(const at::Tensor& flagos,
     }
     break;
   }
-  auto* fimpl = flagos.unsafeGetTensorImpl();
-  if (flagos.sizes() != native_view.sizes() ||
-      flagos.strides() != native_view.strides() ||
-      flagos.storage_offset() != native_view.storage_offset()) {
-    fimpl->set_sizes_and_strides(native_view.sizes(), native_view.strides(),
-                                 native_view.storage_offset());
+  if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
+      flagos->storage_offset() != native_view.storage_offset()) {
+    flagos->set_sizes_and_strides(native_view.sizes(), native_view.strides(),
+                                  native_view.storage_offset());
   }
 }
 
@@ -123,7 +177,9 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   if (!native.defined() || native.device().type() == kFlagos) return native;
   auto* impl = native.unsafeGetTensorImpl();
   for (auto& t : tensors_) {
-    if (t.native == impl) return t.flagos;
+    if (t.native == impl) {
+      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t.flagos));
+    }
   }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
   for (auto& p : storages_) {
@@ -176,7 +232,15 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     flagos_storage = std::move(fresh);
   }
   adopted_.emplace_back(ns, flagos_storage);
-  return flagos_tensor_on(std::move(flagos_storage), native);
+  at::Tensor result = flagos_tensor_on(std::move(flagos_storage), native);
+  // The kernel's own result is a native view of the new flagos tensor: the
+  // next operator that takes this result (usually the very next one) uses it.
+  if (reuse_views_ &&
+      native.storage().unsafeGetStorageImpl() ==
+          FlagosStorage::twin_of(result.storage().unsafeGetStorageImpl())) {
+    view_cache().put(result.unsafeGetTensorImpl(), native);
+  }
+  return result;
 }
 
 }  // namespace torch_fl::aten

@@ -16,10 +16,17 @@ namespace torch_fl::aten {
 
 class NativeViews {
  public:
+  // `reuse_views`: take native views from, and give results to, the calling
+  // thread's view cache (below). Only for native kernels: a view handed to
+  // Python gains a Python object, which a cache must not keep.
+  explicit NativeViews(bool reuse_views = false) noexcept : reuse_views_(reuse_views) {}
+
   // The device type native views are made of (kCPU for the host driver).
   static c10::DeviceType native_type();
 
-  // A native view of a flagos tensor (undefined stays undefined).
+  // A native view of a flagos tensor (undefined stays undefined). `flagos`
+  // must outlive this object: only its address is kept, because copying a
+  // tensor that Python owns costs a Python reference count under the GIL.
   at::Tensor to_native(const at::Tensor& flagos);
 
   // A flagos tensor for a native result of this call: the flagos argument
@@ -30,7 +37,7 @@ class NativeViews {
 
   // After a kernel ran: carries changes a kernel made to the native view of a
   // mutable argument (resize, restride, a grown storage) to the flagos tensor.
-  void sync_back(const at::Tensor& flagos, const at::Tensor& native_view);
+  void sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view);
 
  private:
   struct StoragePair {
@@ -40,8 +47,9 @@ class NativeViews {
   };
   struct TensorPair {
     c10::TensorImpl* native;
-    at::Tensor flagos;
+    c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
   };
+  bool reuse_views_;
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   // Native storages of results already mapped to a flagos storage.

@@ -45,6 +45,10 @@ struct OpPlan {
   // True when no backend of the route can serve the op and it runs on the
   // CPU instead (FLAGOS_CPU_FALLBACK decides whether that is allowed).
   std::atomic<bool> cpu_fallback{false};
+  // True when the route runs the driver's own kernels over zero-copy views
+  // (native, cuda, or cpu on the host driver) with no CPU fallback: what an
+  // unboxed route (unboxed_route.h) may serve itself.
+  std::atomic<bool> native_route{false};
   std::array<std::atomic<uint64_t>, routing::kNumBackends> calls{};
   std::atomic<uint64_t> fallback_calls{0};
   std::atomic<uint8_t> logged{0};  // bit per backend: dispatch log written

@@ -164,6 +164,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_init", [] {
     guarded([] {
       hal::Driver& d = hal::driver();
+      aten::register_unboxed_routes();
       aten::register_direct_routes();
       if (d.nativeDevice() == hal::NativeDevice::kHost) aten::register_host_rnn_cells();
       return 0;

@@ -45,6 +45,8 @@ State& state() {
 
 std::atomic<uint32_t> g_epoch{1};
 std::atomic<bool> g_log{false};
+// Observers that need every call on the boxed path; the log counts as one.
+std::atomic<uint32_t> g_boxed_only{0};
 std::atomic<FallbackPolicy> g_policy{FallbackPolicy::kWarn};
 
 // ---- names known to the dispatcher ---------------------------------------
@@ -278,6 +280,9 @@ const Route* find_route(const State& s, const std::string& plan_name) {
 
 uint32_t epoch() noexcept { return g_epoch.load(std::memory_order_relaxed); }
 bool log_enabled() noexcept { return g_log.load(std::memory_order_relaxed); }
+bool boxed_only() noexcept { return g_boxed_only.load(std::memory_order_relaxed) != 0; }
+void add_boxed_only_reason() { g_boxed_only.fetch_add(1); }
+void remove_boxed_only_reason() { g_boxed_only.fetch_sub(1); }
 FallbackPolicy fallback_policy() noexcept {
   return g_policy.load(std::memory_order_relaxed);
 }
@@ -393,7 +398,9 @@ std::vector<std::string> load(const std::string& default_path) {
     s.log = log_file ? log_file : stderr;
   }
   g_policy.store(policy);
-  g_log.store(log);
+  if (g_log.exchange(log) != log) {
+    if (log) add_boxed_only_reason(); else remove_boxed_only_reason();
+  }
   g_epoch.fetch_add(1);
   return problems;
 }
@@ -430,6 +437,9 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   }
   plan.backend.store(chosen.value_or(Backend::kCpu));
   plan.cpu_fallback.store(fallback);
+  const Backend b = chosen.value_or(Backend::kCpu);
+  plan.native_route.store(!fallback && (b == Backend::kNative || b == Backend::kCuda ||
+                                        (b == Backend::kCpu && is_host())));
   plan.route_epoch.store(now, std::memory_order_release);
 }
 

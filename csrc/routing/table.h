@@ -68,6 +68,12 @@ std::vector<Backend> available_backends();
 
 // Dispatch-log and fallback-policy state, read on the hot path.
 bool log_enabled() noexcept;
+// True while every call must take the boxed routing kernel, where the
+// dispatch log and call observers see it; unboxed routes then defer to it.
+bool boxed_only() noexcept;
+// Call observers (verification, recording) hold this while they are active.
+void add_boxed_only_reason();
+void remove_boxed_only_reason();
 void log_dispatch(const aten::OpPlan& plan, Backend backend);
 enum class FallbackPolicy : uint8_t { kWarn, kAllow, kError };
 FallbackPolicy fallback_policy() noexcept;

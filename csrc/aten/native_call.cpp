@@ -1,0 +1,42 @@
+#include "aten/native_call.h"
+
+#include "runtime/generator.h"
+
+namespace torch_fl::aten {
+
+void NativeCall::mismatch(c10::DeviceIndex d) const {
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at least two "
+              "devices, flagos:", static_cast<int>(device_), " and flagos:", static_cast<int>(d),
+              " (in ", op_.schema().operator_name(), ")");
+}
+
+void NativeCall::finish_arguments() {
+  current_ = runtime::current_device();
+  if (device_ == -1) {
+    device_ = current_;
+    return;
+  }
+  // A non-flagos tensor among flagos arguments is accepted where CUDA accepts
+  // one among CUDA arguments: a 0-dim CPU scalar, or an index in a Tensor?[]
+  // list.
+  for (const auto& [t, index_list] : foreign_) {
+    if (index_list || (t->device_type() == c10::DeviceType::CPU && t->dim() == 0)) continue;
+    TORCH_CHECK(false,
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, flagos and ", t->device(), "! (in ", op_.schema().operator_name(), ")");
+  }
+}
+
+at::Generator NativeCall::generator(const std::optional<at::Generator>& gen) const {
+  return runtime::native_generator(gen, device_);
+}
+
+c10::DispatchKeySet NativeCall::native_keys() noexcept {
+  static const c10::DispatchKeySet keys(NativeViews::native_type() == c10::DeviceType::CPU
+                                            ? c10::DispatchKey::CPU
+                                            : c10::DispatchKey::CUDA);
+  return keys;
+}
+
+}  // namespace torch_fl::aten
