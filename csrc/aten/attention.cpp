@@ -57,7 +57,9 @@ using runtime::kFlagos;
 // null address, so the choice is made from metadata alone, as PyTorch's own
 // meta choice does for CUDA FakeTensors.
 at::Tensor native_shell(const at::Tensor& t) {
-  if (!t.defined()) return t;
+  // A tensor of another device (a CPU mask) is shown as it is, as the native
+  // device's selector would see it beside native tensors.
+  if (!t.defined() || t.device().type() != kFlagos) return t;
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   void* data = nullptr;
   size_t nbytes = 0;
