@@ -76,28 +76,31 @@ start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timin
 start.record(); _ = X @ X.transpose(1, 2); end.record(); torch.cuda.synchronize()
 res["event_ms_ok"] = start.elapsed_time(end) >= 0
 
-if dev.type == "cuda":
-    scaler = torch.amp.GradScaler("cuda")
-    res["loss_fp16_scaled"] = step(5, torch.float16, scaler).cpu()
-    res["scale"] = torch.tensor(scaler.get_scale())
-    # A CUDA graph: capture the forward on a static input, replay on new data.
+def graph_outputs(m):
+    # A CUDA graph: capture m's forward on a static input, replay on new data.
     static_x = torch.zeros(32, 64, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
         for _ in range(2):
-            model(static_x)
+            m(static_x)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
-        static_out = model(static_x)
+        static_out = m(static_x)
     outs = []
     for i in (6, 7):
         static_x.copy_(X[i])
         graph.replay()
         outs.append(static_out.clone())
     torch.cuda.synchronize()
-    res["graph_out"] = torch.stack(outs).cpu()
+    return torch.stack(outs).cpu()
+
+if dev.type == "cuda":
+    scaler = torch.amp.GradScaler("cuda")
+    res["loss_fp16_scaled"] = step(5, torch.float16, scaler).cpu()
+    res["scale"] = torch.tensor(scaler.get_scale())
+    res["graph_out"] = graph_outputs(model)
     res["params_final"] = [p.detach().cpu() for p in model.parameters()]
 else:
     # The CUDA side of a mixed program: a cuda copy of the model, inference.
@@ -105,6 +108,8 @@ else:
     cuda_model = copy.deepcopy(model).to("cuda")
     with torch.no_grad():
         res["cuda_eval_equals_flagos"] = bool(torch.equal(cuda_model(X[6]), model(X[6].to(dev)).to("cuda")))
+        eager = torch.stack([cuda_model(X[6]), cuda_model(X[7])]).cpu()
+    res["cuda_graph_matches_eager"] = bool(torch.allclose(graph_outputs(cuda_model), eager, rtol=1e-5, atol=1e-6))
 
 res["torch_fl_loaded"] = "torch_fl" in sys.modules
 res["privateuse1_name"] = torch._C._get_privateuse1_backend_name()
@@ -158,7 +163,8 @@ def test_mixed_cuda_and_flagos_program_trains_like_cuda(runs):
     assert mixed["stream_type"] == "flagos" and mixed["cuda_memory_used"] and mixed["event_ms_ok"]
     assert_bit_equal(mixed["losses"], plain["losses"], "losses (fp32 AdamW steps, then bf16 autocast)")
     assert_bit_equal(mixed["params"], plain["params"], "parameters after those steps")
-    assert mixed["cuda_eval_equals_flagos"]
+    assert mixed["cuda_eval_equals_flagos"], "a cuda copy of the flagos model computes differently"
+    assert mixed["cuda_graph_matches_eager"], "a CUDA graph replay differs from eager CUDA"
 
 
 @pytest.mark.xfail(strict=True, reason="PyTorch: once a PrivateUse1 backend is registered, autograd "
