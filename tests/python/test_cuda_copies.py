@@ -111,6 +111,8 @@ def test_non_blocking_copy_does_not_wait_for_another_stream(direction):
     src_dev, dst_dev = direction.split("->")
     x = fresh(1 << 16, seed=5).to(src_dev)
     side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x.to(dst_dev)  # warm up: a cached block for the side stream, the copy path
     torch.cuda.synchronize()
     torch.cuda._sleep(400_000_000)  # the default stream is busy for a while
     with torch.cuda.stream(side):
