@@ -1,8 +1,12 @@
 // Copies into, out of and between flagos devices. PyTorch's copy_ sends every
-// copy that involves a flagos tensor here (_copy_from). The copy itself runs
-// as the native device's copy_ over zero-copy native views, which already
+// copy that involves a flagos tensor here: copy_ handles only its own device
+// types, and redispatches the rest as _copy_from(src, dst), whose dispatch key
+// comes from both tensors; PrivateUse1 outranks CPU and CUDA, so flagos gets
+// cuda -> flagos and flagos -> cuda copies as well. The copy itself runs as
+// the native device's copy_ over zero-copy native views, which already
 // handles dtype conversion, strides, broadcasting, overlap and, on GPUs,
-// non_blocking copies on the current stream.
+// non_blocking copies on the current streams. On the cuda driver a copy with
+// a cuda tensor is therefore CUDA's own device-to-device (or peer) copy.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/copy.h>
@@ -20,14 +24,27 @@ using runtime::kFlagos;
 
 bool is_flagos(const at::Tensor& t) { return t.device().type() == kFlagos; }
 
+// The other side of a copy: a CPU tensor, or a tensor of the driver's native
+// device when that is not the CPU (cuda tensors on the cuda driver).
+void check_other_side(const at::Tensor& t, const char* direction) {
+  const c10::DeviceType type = t.device().type();
+  if (type == kFlagos || type == c10::DeviceType::CPU || type == NativeViews::native_type()) return;
+  if (type == c10::DeviceType::CUDA) {
+    TORCH_CHECK(false, "copy ", direction, " flagos: cannot copy directly between flagos and a ",
+                t.device(), " tensor on the ", runtime::driver().name(),
+                " driver, whose memory is not CUDA memory; copy through the CPU (.cpu()) ",
+                "or run the cuda driver (FLAGOS_ACCELERATOR=cuda)");
+  }
+  TORCH_CHECK(false, "copy ", direction, " flagos: cannot copy directly between flagos and a ",
+              t.device(), " tensor; flagos copies to and from cpu and flagos tensors",
+              NativeViews::native_type() == c10::DeviceType::CUDA ? " and cuda tensors" : "",
+              " (move it to the CPU first)");
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                      bool non_blocking) {
-  TORCH_CHECK(is_flagos(self) || self.device().is_cpu(),
-              "copy to flagos: cannot copy from a ", self.device(),
-              " tensor directly; move it to the CPU first");
-  TORCH_CHECK(is_flagos(dst) || dst.device().is_cpu(),
-              "copy from flagos: cannot copy into a ", dst.device(),
-              " tensor directly; copy to the CPU first");
+  check_other_side(self, "to");
+  check_other_side(dst, "from");
   runtime::lazy_init();
   const at::Tensor& device_side = is_flagos(dst) ? dst : self;
   c10::DeviceGuard guard(device_side.device());

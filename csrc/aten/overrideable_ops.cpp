@@ -1,23 +1,17 @@
-// Operators PyTorch sends down a special path for backends other than its
-// own, where the boxed routing kernel is never reached:
-//  - convolution: _convolution calls convolution_overrideable (and autograd
-//    convolution_backward_overrideable) for PrivateUse1, and their only
-//    kernels are stubs that throw. Here they run the native device's
-//    convolution over native views.
-//  - scaled_dot_product_attention picks its implementation through
-//    _fused_sdp_choice_stub, a DispatchStub with no PrivateUse1 entry, which
-//    silently means the slow math path. Here it asks the native device.
+// Convolution, which PyTorch sends down a special path for backends other
+// than its own, where the boxed routing kernel is never reached: _convolution
+// calls convolution_overrideable (and autograd convolution_backward_overrideable)
+// for PrivateUse1, and their only kernels are stubs that throw. Here they run
+// the native device's convolution over native views. (Attention's special
+// path is in attention.cpp.)
 
 #include <ATen/core/Tensor.h>
-#include <ATen/native/transformers/attention.h>
-#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "aten/native_view.h"
-#include "runtime/cuda_bridge.h"
 #include "runtime/native_allocation.h"
 
 namespace torch_fl::aten {
@@ -82,28 +76,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
           views.to_flagos(std::get<2>(r), device)};
 }
 
-int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask, double dropout_p,
-                         bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  // On the cuda driver the fused kernels' entry points are CUDA-only ops;
-  // until flagos implements the "overrideable" fused path, math (0) is the
-  // correct choice there.
-  if (runtime::uses_cuda()) return 0;
-  // The choice depends on which inputs require grad (a fused kernel with no
-  // derivative for a learned mask, T5's position bias, must not be picked);
-  // views are new leaves, so they are told.
-  NativeViews views;
-  auto view = [&](const at::Tensor& t) {
-    at::Tensor n = views.to_native(t);
-    if (t.requires_grad()) n.set_requires_grad(true);
-    return n;
-  };
-  std::optional<at::Tensor> native_mask;
-  if (mask.has_value() && mask->defined()) native_mask = view(*mask);
-  return at::_fused_sdp_choice(view(q), view(k), view(v), native_mask, dropout_p, is_causal,
-                               scale, enable_gqa);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -112,7 +84,3 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace torch_fl::aten
-
-namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_fl::aten::fused_sdp_choice)
-}  // namespace at::native
