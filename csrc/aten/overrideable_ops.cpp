@@ -14,6 +14,7 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include "aten/native_view.h"
@@ -100,6 +101,12 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   };
   std::optional<at::Tensor> native_mask;
   if (mask.has_value() && mask->defined()) native_mask = view(*mask);
+  // Python dispatch is excluded: under torch.compile the inputs are
+  // FakeTensors (this runs from _fused_sdp_choice's Meta kernel), and
+  // FakeTensorMode would be handed the native views, which are not fake. The
+  // choice reads only metadata.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   return at::_fused_sdp_choice(view(q), view(k), view(v), native_mask, dropout_p, is_causal,
                                scale, enable_gqa);
 }
