@@ -53,6 +53,27 @@ from .streams import (
     stream,
 )
 
+# Inductor reads these from the device module when it first compiles
+# (init_backend_registration). Resolving them lazily keeps Inductor out of
+# `import torch_fl`; the first read registers flagos with Inductor.
+_INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def __getattr__(name):
+    if name in _INDUCTOR_NAMES:
+        from ..compile import inductor_backend
+
+        return getattr(inductor_backend(), name)
+    raise AttributeError(f"module 'torch.flagos' has no attribute {name!r}")
+
+
+def _inductor_backend_init() -> None:
+    """The lazy Inductor hook of newer PyTorch releases (called at the first compile)."""
+    from ..compile import inductor_backend
+
+    inductor_backend()
+
+
 __all__ = [
     "Event",
     "Stream",
