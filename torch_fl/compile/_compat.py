@@ -111,3 +111,15 @@ def cudagraph_input_is_static(t: torch.Tensor) -> bool:
     ``torch._dynamo.mark_static_address``, e.g. a static KV cache).
     """
     return isinstance(t, torch.nn.Parameter) or hasattr(t, "_dynamo_static_input_type")
+
+
+def log_cudagraph_skip(message: str) -> None:
+    """Reports a graph that runs without CUDA graphs the way Inductor reports its own skips."""
+    try:
+        from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+    except ImportError:
+        from torch._dynamo.utils import counters
+
+        counters["inductor"]["cudagraph_skips"] += 1
+        return
+    log_cudagraph_skip_and_bump_counter(message)
