@@ -20,6 +20,13 @@ from ._device import (
     _lazy_init,
 )
 from .amp import get_amp_supported_dtype
+from .graphs import (
+    FlagosGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from .memory import (
     empty_cache,
     max_memory_allocated,
@@ -76,6 +83,7 @@ def _inductor_backend_init() -> None:
 
 __all__ = [
     "Event",
+    "FlagosGraph",
     "Stream",
     "StreamContext",
     "current_device",
@@ -89,10 +97,14 @@ __all__ = [
     "get_amp_supported_dtype",
     "get_rng_state",
     "get_rng_state_all",
+    "graph",
+    "graph_pool_handle",
     "init",
     "initial_seed",
     "is_available",
+    "is_current_stream_capturing",
     "is_initialized",
+    "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
