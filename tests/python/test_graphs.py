@@ -170,3 +170,94 @@ def test_make_graphed_callables_trains_like_eager():
         torch.testing.assert_close(x2.grad, x.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
     for p_e, p_g in zip(eager.parameters(), graphed.parameters()):
         torch.testing.assert_close(p_g.grad, p_e.grad, rtol=1e-6, atol=1e-6)
+
+
+# --- reduce-overhead's bookkeeping, on any driver -------------------------------------
+
+
+class _StandInGraph:
+    """Stands in for a CUDA graph: replay runs the captured call again and writes its
+    results into the captured outputs, which is what a replay does to static outputs."""
+
+    capturing = None
+
+    def __init__(self):
+        self.call = self.inputs = self.outputs = None
+
+    def replay(self):
+        new = self.call(list(self.inputs))
+        for old, fresh in zip(self.outputs, new):
+            if isinstance(old, torch.Tensor):
+                old.copy_(fresh)
+
+
+class _StandInGraphs:
+    FlagosGraph = _StandInGraph
+
+    @staticmethod
+    def _require_cuda_driver(what):
+        pass
+
+    class graph:
+        def __init__(self, g):
+            self.g = g
+
+        def __enter__(self):
+            _StandInGraph.capturing = self.g
+
+        def __exit__(self, *exc):
+            _StandInGraph.capturing = None
+
+
+def _recorded(call):
+    def run(args):
+        g = _StandInGraph.capturing
+        if g is not None:
+            g.call, g.inputs = call, list(args)
+        out = call(args)
+        if g is not None:
+            g.outputs = out
+        return out
+    return run
+
+
+def _inductor_like_call(args):
+    """Inductor's convention (a list, cleared by the callee): mutates a static input (a
+    cache), mutates a non-static one, returns fresh memory, views of it and of both inputs."""
+    x, cache, pos, n = args
+    args.clear()
+    cache[pos] = x.sum() * n
+    y = x * 2 + n
+    x.add_(1)
+    return (y, y[1:], x[:2], cache[:3], n + 1)
+
+
+def test_graphed_call_keeps_eager_semantics(monkeypatch):
+    from torch_fl.compile import cudagraphs
+
+    monkeypatch.setattr(cudagraphs, "graphs", _StandInGraphs)
+    cache = torch.zeros(8, device="flagos")
+    torch._dynamo.mark_static_address(cache)
+    graphed = cudagraphs.GraphedCall(_recorded(_inductor_like_call), mutated_input_idxs=(0, 1))
+    eager_cache = cache.clone()
+    before = dict(cudagraphs.counters)
+    results = []
+    for i, n in enumerate([3, 3, 3, 3, 4, 4, 4]):  # warm-up, capture, replays; a new n: again
+        x = randn(4, seed=i)
+        x_eager = x.clone()
+        pos = torch.tensor([i], device="flagos")
+        got = graphed([x, cache, pos, n])
+        want = _inductor_like_call([x_eager, eager_cache, pos, n])
+        results.append((got, want))
+        assert torch.equal(x, x_eager), i  # the mutation reached the caller's tensor
+        assert torch.equal(cache, eager_cache), i
+        assert got[2].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # a view of x
+        assert got[3].untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+        assert got[1].untyped_storage().data_ptr() == got[0].untyped_storage().data_ptr()
+    for i, (got, want) in enumerate(results):  # earlier results were not overwritten
+        for g, w in zip(got[:2], want[:2]):
+            assert torch.equal(g, w), i
+        assert got[4] == want[4]
+    counts = {k: cudagraphs.counters[k] - before.get(k, 0) for k in ("captures", "replays")}
+    # A capture is followed by its first replay: 2 + 1 + 1 calls with n=3, 1 + 1 with n=4.
+    assert counts == {"captures": 2, "replays": 5}, counts

@@ -123,3 +123,11 @@ def log_cudagraph_skip(message: str) -> None:
         counters["inductor"]["cudagraph_skips"] += 1
         return
     log_cudagraph_skip_and_bump_counter(message)
+
+
+def data_ptrs_equal(tensors: list, ptrs: list, indices: list) -> bool:
+    """Whether ``tensors[i].data_ptr() == ptrs[i]`` for every i in ``indices`` (in C++ where torch has it)."""
+    fn = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if fn is not None:
+        return fn(tensors, ptrs, indices)
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)

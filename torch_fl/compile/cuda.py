@@ -27,7 +27,8 @@ class FlagosTritonScheduling(TritonScheduling):
     ATen calls, which go through flagos routing (cuBLAS or FlagGems).
     """
 
-    def get_backend_features(self, device):
+    @classmethod
+    def get_backend_features(cls, device):
         features = super().get_backend_features(device)
         return type(features)(f for f in features if f != BackendFeature.TRITON_TEMPLATES)
 
