@@ -36,26 +36,20 @@ def _register_dynamo_interface() -> None:
 
 
 def _register_gpu_type() -> None:
-    from .. import _C
+    from . import _compat
 
-    if _C._driver_name() == "cuda":
-        from . import _compat
-
-        _compat.add_gpu_type("flagos")
+    _compat.add_gpu_type("flagos")
 
 
-# module name -> what to register once that module has been executed
-_AFTER_IMPORT = {
-    "torch._dynamo.device_interface": _register_dynamo_interface,
-    "torch._inductor.utils": _register_gpu_type,
-}
-_pending = {}
+_pending = {}  # module name -> what to register once that module has been executed
 
 
 def _run(name: str) -> None:
     callback = _pending.pop(name, None)
     if callback is None:
         return
+    if not _pending and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
     try:
         callback()
     except Exception as e:  # noqa: BLE001 - must not break torch's own import
@@ -109,8 +103,13 @@ _finder = _AfterImportFinder()
 
 def install() -> None:
     """Arranges the lazy registrations; cheap and idempotent."""
+    from .. import _C
+
+    after_import = {"torch._dynamo.device_interface": _register_dynamo_interface}
+    if _C._driver_name() == "cuda":
+        after_import["torch._inductor.utils"] = _register_gpu_type
     with _lock:
-        for name, callback in _AFTER_IMPORT.items():
+        for name, callback in after_import.items():
             if name in sys.modules:
                 _pending[name] = callback
                 _run(name)
