@@ -161,6 +161,14 @@ def test_extern_kernels_go_through_flagos_routing():
     assert mm and all(c.get(backend, 0) >= 1 for c in mm.values()), calls
 
 
+def test_second_device_keeps_its_tensors_there():
+    x = randn(8, 8, seed=8, device="flagos:1")
+    fn = torch.compile(lambda t: (t @ t).softmax(-1).sum(0) + t[0])
+    out = fn(x)
+    assert out.device == x.device
+    torch.testing.assert_close(out.cpu(), (x.cpu() @ x.cpu()).softmax(-1).sum(0) + x.cpu()[0], **TOL)
+
+
 # --- training ------------------------------------------------------------------
 
 

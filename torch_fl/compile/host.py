@@ -30,9 +30,30 @@ class HostDeviceOpOverrides(CpuDeviceOpOverrides):
         return f"torch.flagos.device({device_idx})"
 
 
+class FlagosHostWrapperCodegen(_PythonWrapperCodegen):
+    """Inductor's Python wrapper; buffers name their flagos device index.
+
+    Inductor allocates buffers by device type and relies on a device guard for
+    the index, but emits guards only for GPU types. Host-driver devices are not
+    GPUs (their kernels are C++), so the index goes into the allocation itself.
+    """
+
+    @staticmethod
+    def create(is_subgraph, *args, **kwargs):
+        if is_subgraph:
+            return _PythonWrapperCodegen.create(is_subgraph, *args, **kwargs)
+        return FlagosHostWrapperCodegen()
+
+    def make_allocation(self, name, device, *args, **kwargs):
+        line = super().make_allocation(name, device, *args, **kwargs)
+        if device.type == "flagos" and device.index is not None:
+            line = line.replace("device='flagos'", f"device='flagos:{device.index}'", 1)
+        return line
+
+
 # The names Inductor reads from the device module (torch.flagos.Scheduling, ...).
 Scheduling = FlagosCppScheduling
-PythonWrapperCodegen = _PythonWrapperCodegen
+PythonWrapperCodegen = FlagosHostWrapperCodegen
 CppWrapperCodegen = None  # cpp_wrapper / AOTInductor: not supported on flagos
 WrapperFxCodegen = None
 
