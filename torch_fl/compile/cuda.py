@@ -75,10 +75,6 @@ class FlagosCudaWrapperCodegen(_PythonWrapperCodegen):
         )
 
 
-class _CudaDeviceOpOverrides(CUDADeviceOpOverrides):
-    """CUDA's: on this driver flagos device N and its current stream are CUDA device N's."""
-
-
 Scheduling = FlagosTritonScheduling
 PythonWrapperCodegen = FlagosCudaWrapperCodegen
 CppWrapperCodegen = None  # cpp_wrapper / AOTInductor: not supported on flagos
@@ -86,7 +82,9 @@ WrapperFxCodegen = None
 
 
 def register() -> None:
-    register_device_op_overrides("flagos", _CudaDeviceOpOverrides())
+    # CUDA's device switching and raw stream: flagos device N and its current
+    # stream are CUDA device N's on this driver.
+    register_device_op_overrides("flagos", CUDADeviceOpOverrides())
     _compat.register_backend(
         "flagos", Scheduling, PythonWrapperCodegen, CppWrapperCodegen, WrapperFxCodegen,
         custom_pass=_native.CacheKeyPass("cuda"),
