@@ -198,6 +198,10 @@ class _StandInGraphs:
     def _require_cuda_driver(what):
         pass
 
+    @staticmethod
+    def is_current_stream_capturing():
+        return False
+
     class graph:
         def __init__(self, g):
             self.g = g

@@ -167,6 +167,8 @@ class GraphedCall:
         self._warned = False
 
     def __call__(self, args):
+        if graphs.is_current_stream_capturing():
+            return self._call(args)  # inside the caller's own capture: record the kernels there
         last = self._last
         if last is not None and last.matches(args):
             return last.replay(args)
