@@ -20,6 +20,7 @@ if torch._C._get_privateuse1_backend_name() != "flagos":
 from . import flagos  # noqa: E402
 from . import flaggems  # noqa: E402
 from . import routing  # noqa: E402
+from . import compile as _compile  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -35,6 +36,8 @@ if not hasattr(torch.Tensor, "is_flagos"):
 _C._init()
 flaggems.register()
 routing.reload()
+# torch.compile: registers with Dynamo and Inductor when they are first used.
+_compile.install()
 
 __version__ = "0.1.0"
 

@@ -20,6 +20,13 @@ from ._device import (
     _lazy_init,
 )
 from .amp import get_amp_supported_dtype
+from .graphs import (
+    FlagosGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from .memory import (
     empty_cache,
     max_memory_allocated,
@@ -53,8 +60,30 @@ from .streams import (
     stream,
 )
 
+# Inductor reads these from the device module when it first compiles
+# (init_backend_registration). Resolving them lazily keeps Inductor out of
+# `import torch_fl`; the first read registers flagos with Inductor.
+_INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def __getattr__(name):
+    if name in _INDUCTOR_NAMES:
+        from ..compile import inductor_backend
+
+        return getattr(inductor_backend(), name)
+    raise AttributeError(f"module 'torch.flagos' has no attribute {name!r}")
+
+
+def _inductor_backend_init() -> None:
+    """The lazy Inductor hook of newer PyTorch releases (called at the first compile)."""
+    from ..compile import inductor_backend
+
+    inductor_backend()
+
+
 __all__ = [
     "Event",
+    "FlagosGraph",
     "Stream",
     "StreamContext",
     "current_device",
@@ -68,10 +97,14 @@ __all__ = [
     "get_amp_supported_dtype",
     "get_rng_state",
     "get_rng_state_all",
+    "graph",
+    "graph_pool_handle",
     "init",
     "initial_seed",
     "is_available",
+    "is_current_stream_capturing",
     "is_initialized",
+    "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",

@@ -1,0 +1,384 @@
+"""torch.compile on flagos (docs/compile.md).
+
+Every test compiles with plain ``torch.compile`` (Inductor, no flagos-specific
+backend name) and compares against eager flagos, with explicit tolerances:
+Inductor fuses and reorders float arithmetic, so compiled and eager results
+differ in the last bits. On the host driver the generated C++ kernels are the
+CPU's, so compiled flagos equals compiled CPU bit for bit; on the cuda driver
+the Triton kernels are CUDA's, so compiled flagos with all-cuda routing equals
+compiled CUDA bit for bit. Compiling is slow on two cores: compiled callables
+are shared between tests (module-scoped fixtures) and inputs are small.
+"""
+
+import importlib.metadata
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._inductor.utils import run_and_get_code
+
+import torch_fl
+
+ON_CUDA = torch_fl.driver() == "cuda"
+# The device whose compile behaviour flagos must match: its native one.
+NATIVE = "cuda" if ON_CUDA else "cpu"
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+_AUTOLOAD_INSTALLED = any(
+    ep.value.startswith("torch_fl_autoload")
+    for ep in importlib.metadata.entry_points(group="torch.backends"))
+
+
+def randn(*shape, seed, device="flagos", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+
+
+def kernel_code(codes) -> str:
+    return "\n".join(codes)
+
+
+# --- registration -------------------------------------------------------------
+
+_LAZY_CHILD = """
+import sys
+import torch
+{import_torch_fl}
+assert "torch_fl" in sys.modules
+heavy = [m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules]
+assert not heavy, f"imported at import time: {{heavy}}"
+x = torch.randn(4, 8, device="flagos")
+y = torch.compile(lambda t: (t * 2).sin().sum(-1))(x)
+torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin().sum(-1), rtol=1e-5, atol=1e-5)
+from torch._inductor.codegen.common import get_scheduling_for_device
+from torch._dynamo.device_interface import get_interface_for_device
+print(get_scheduling_for_device("flagos").__name__, get_interface_for_device("flagos").__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def lazy_child(start_py):
+    # Started first, so the child's compile overlaps the tests of this process.
+    code = _LAZY_CHILD.format(import_torch_fl="" if _AUTOLOAD_INSTALLED else "import torch_fl")
+    return start_py(code, timeout=240)
+
+
+def test_plain_compile_works_after_import_and_registers_lazily(lazy_child):
+    rc, out, err = lazy_child.result()
+    assert rc == 0, err[-3000:]
+    scheduling = "FlagosTritonScheduling" if ON_CUDA else "FlagosCppScheduling"
+    assert out.split() == [scheduling, "FlagosInterface"], out
+
+
+# --- shared workloads -----------------------------------------------------------
+
+
+class NormMLP(nn.Module):
+    """RMSNorm (a reduction fused with pointwise ops), a gated MLP (matmuls) and a residual."""
+
+    def __init__(self, dim=32, hidden=64):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(dim) + 0.5)
+        self.up = nn.Linear(dim, 2 * hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        gate, up = self.up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def make_module(device, seed=0):
+    torch.manual_seed(seed)
+    return NormMLP().to(device)
+
+
+@pytest.fixture(scope="module")
+def compiled_module():
+    module = make_module("flagos")
+    return module, torch.compile(module)
+
+
+@pytest.fixture(scope="module")
+def module_run(compiled_module):
+    """The first call of the compiled module, with the code Inductor generated."""
+    module, compiled = compiled_module
+    x = randn(4, 8, 32, seed=1)
+    with torch.no_grad():
+        out, codes = run_and_get_code(compiled, x)
+    return x, out, kernel_code(codes)
+
+
+def test_compiled_module_matches_eager(compiled_module, module_run):
+    module, compiled = compiled_module
+    x, out, _ = module_run
+    with torch.no_grad():
+        ref = module(x)
+        assert out.device == x.device
+        torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL)
+        x2 = randn(4, 8, 32, seed=2)  # same shapes, fresh values: no recompile needed
+        torch.testing.assert_close(compiled(x2).cpu(), module(x2).cpu(), **TOL)
+
+
+def test_reduction_fuses_with_pointwise_and_matmuls_stay_extern(module_run):
+    _, _, code = module_run
+    # One kernel computes the mean of squares and applies it (rsqrt, mul):
+    # descriptive kernel names list the fused aten ops.
+    fused = re.findall(r"(?:cpp|triton_\w+?)_fused_(\w+)", code)
+    assert any("mean" in k and "mul" in k for k in fused), fused
+    lang = "@triton.jit" if ON_CUDA else "extern \"C\""
+    assert lang in code
+    # Matmuls are ATen calls (extern kernels), which flagos routing serves.
+    assert "extern_kernels.addmm" in code or "extern_kernels.mm" in code
+
+
+@pytest.mark.host_only
+def test_compiled_flagos_equals_compiled_cpu_bit_for_bit(compiled_module, module_run):
+    x, out, _ = module_run
+    module_cpu = make_module("cpu")
+    with torch.no_grad():
+        ref = torch.compile(module_cpu)(x.cpu())
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_extern_kernels_go_through_flagos_routing():
+    backend = "cuda" if ON_CUDA else "cpu"
+    fn = torch.compile(lambda a, b: (a @ b).relu() + 1)
+    a, b = randn(8, 16, seed=3), randn(16, 4, seed=4)
+    fn(a, b)  # compile first: routing counts only the calls below
+    torch_fl.routing.set_route("mm", backend)
+    try:
+        torch_fl.routing.reset_stats()
+        out = fn(a, b)
+        calls = {s.op: s.calls for s in torch_fl.routing.stats()}
+    finally:
+        torch_fl.routing.set_route("mm", "")
+    torch.testing.assert_close(out.cpu(), (a.cpu() @ b.cpu()).relu() + 1, **TOL)
+    mm = {op: c for op, c in calls.items() if op.startswith("aten::mm")}
+    assert mm and all(c.get(backend, 0) >= 1 for c in mm.values()), calls
+
+
+def test_second_device_keeps_its_tensors_there():
+    x = randn(8, 8, seed=8, device="flagos:1")
+    fn = torch.compile(lambda t: (t @ t).softmax(-1).sum(0) + t[0])
+    out = fn(x)
+    assert out.device == x.device
+    torch.testing.assert_close(out.cpu(), (x.cpu() @ x.cpu()).softmax(-1).sum(0) + x.cpu()[0], **TOL)
+
+
+# --- training ------------------------------------------------------------------
+
+
+def test_training_step_matches_eager():
+    steps = 3
+    eager, compiled_model = make_module("flagos", seed=5), make_module("flagos", seed=5)
+    step_fn = torch.compile(compiled_model)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(compiled_model.parameters(), lr=1e-2)
+    for i in range(steps):
+        x, target = randn(4, 8, 32, seed=10 + i), randn(4, 8, 32, seed=20 + i)
+        losses = []
+        for model, fwd, opt in ((eager, eager, opt_e), (compiled_model, step_fn, opt_c)):
+            loss = F.mse_loss(fwd(x), target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), (i, losses)
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(p_c.cpu(), p_e.cpu(), rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_autocast_inside_compile():
+    fn = torch.compile(_autocast_mm)
+    a, b = randn(16, 16, seed=6), randn(16, 16, seed=7)
+    out = fn(a, b)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float().cpu(), _autocast_mm(a, b).float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def _autocast_mm(a, b):
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        return (a @ b).relu()
+
+
+# --- a Hugging Face model -------------------------------------------------------
+
+
+def test_hf_qwen3_logits_match_eager():
+    qwen3_workload = _qwen3_workload()
+    model = qwen3_workload.build_model("tiny", device="flagos")
+    ids = qwen3_workload.prompt_ids(model.config.vocab_size, 2, 16, seed=0).to("flagos")
+    compiled = torch.compile(model, fullgraph=False)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        out = compiled(input_ids=ids).logits
+    assert out.device == ids.device
+    torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=1e-4, atol=1e-4)
+    assert torch.equal(out.argmax(-1).cpu(), ref.argmax(-1).cpu())
+
+
+def _qwen3_workload():
+    import os
+    import sys
+
+    pytest.importorskip("transformers")
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+    sys.path.insert(0, os.path.normpath(examples))
+    import qwen3_workload
+
+    return qwen3_workload
+
+
+# --- recompilation ---------------------------------------------------------------
+
+
+def _shape_fn(x):
+    return (x.sin() * 2).sum(-1) + x.shape[0]
+
+
+def _frame_counts(device, sizes, **kwargs):
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    fn = torch.compile(_shape_fn, backend=counter, **kwargs)
+    counts = []
+    for i, n in enumerate(sizes):
+        x = randn(n, 8, seed=30 + i, device=device)
+        torch.testing.assert_close(fn(x).cpu(), _shape_fn(x.cpu()), **TOL)
+        counts.append(counter.frame_count)
+    return counts
+
+
+def test_recompiles_where_the_native_device_does():
+    sizes = [4, 4, 5, 6, 7]
+    got = _frame_counts("flagos", sizes)
+    # Same shape: no recompile; a new shape: one (automatic dynamic), then none.
+    assert got == [1, 1, 2, 2, 2]
+    assert got == _frame_counts(NATIVE, sizes)
+    dynamic = _frame_counts("flagos", sizes[1:4], dynamic=True)
+    assert dynamic == [1, 1, 1]
+    assert dynamic == _frame_counts(NATIVE, sizes[1:4], dynamic=True)
+
+
+# --- modes ---------------------------------------------------------------------
+
+
+def _mode_fn(a, w):
+    return torch.softmax(a @ w, dim=-1) * 2 + a.mean()
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "reduce-overhead"])
+def test_modes_match_eager_and_keep_earlier_results(mode):
+    fn = torch.compile(_mode_fn, mode=mode)
+    w = randn(16, 16, seed=40)
+    outs, refs = [], []
+    for i in range(4):  # warm-up, capture (cuda driver), then replays
+        a = randn(8, 16, seed=41 + i)
+        outs.append(fn(a, w))
+        refs.append(_mode_fn(a, w))
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        # Earlier results stay valid after later calls (no reuse of graph memory).
+        torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL, msg=f"call {i}")
+
+
+# --- FakeTensor metadata ----------------------------------------------------------
+
+
+def test_fake_tensors_keep_the_flagos_device():
+    seen = []
+
+    def record(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("example_value")
+                if isinstance(val, torch.Tensor):
+                    seen.append((type(val).__name__, val.device))
+            elif node.op == "call_function":
+                val = node.meta.get("example_value")
+                if isinstance(val, torch.Tensor):
+                    seen.append(("out", val.device))
+        return gm.forward
+
+    n = torch.flagos.device_count()
+    devices = ["flagos:0"] + (["flagos:1"] if n > 1 else [])
+    for d in devices:
+        seen.clear()
+        torch._dynamo.reset()
+        x = torch.randn(3, 4, device=d)
+        out = torch.compile(lambda t: t.cos() + 1, backend=record)(x)
+        assert out.device == x.device
+        assert seen and all(dev == x.device for _, dev in seen), seen
+        assert ("FakeTensor", x.device) in seen, seen
+
+
+# --- cuda driver -------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_cuda_triton_kernels_target_cuda_and_run_on_the_flagos_stream():
+    x = randn(64, 128, seed=50)
+    fn = torch.compile(lambda t: torch.softmax(t * 3, dim=-1).sum(0))
+    out, codes = run_and_get_code(fn, x)
+    code = kernel_code(codes)
+    assert "@triton.jit" in code
+    assert "DeviceProperties(type='cuda'" in code and "type='flagos'" not in code
+    torch.testing.assert_close(out.cpu(), torch.softmax(x.cpu() * 3, -1).sum(0), **TOL)
+    # Launched on the current flagos stream: a graph captured on a flagos
+    # stream records them, and replaying it recomputes from new inputs.
+    static_x = x.clone()
+    g = torch.flagos.FlagosGraph()
+    with torch.flagos.graph(g):
+        static_out = fn(static_x)
+    x2 = randn(64, 128, seed=53)
+    static_x.copy_(x2)
+    g.replay()
+    torch.testing.assert_close(static_out.cpu(), fn(x2).cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_flagos_equals_compiled_cuda_with_all_cuda_routing():
+    module = make_module("flagos")
+    module_cuda = make_module("cuda")
+    x = randn(4, 8, 32, seed=51)
+    torch_fl.routing.set_route("*", "cuda")
+    try:
+        with torch.no_grad():
+            out = torch.compile(module)(x)
+            ref = torch.compile(module_cuda)(x.to("cuda"))
+    finally:
+        torch_fl.routing.set_route("*", "")
+    assert torch.equal(out.cpu(), ref.cpu())
+
+
+@pytest.mark.cuda
+def test_cuda_reduce_overhead_captures_and_replays_like_default_mode():
+    from torch_fl.compile import cudagraphs
+
+    cache = torch.zeros(16, 64, device="flagos")
+    torch._dynamo.mark_static_address(cache)
+    w = randn(64, 64, seed=52)
+
+    def step(tok, pos):
+        h = torch.tanh(tok @ w)
+        cache.index_copy_(0, pos, h)
+        return torch.softmax(h @ cache.T, dim=-1)
+
+    graphed = torch.compile(step, mode="reduce-overhead")
+    plain = torch.compile(step, mode="default")
+    before = dict(cudagraphs.counters)
+    outs, refs = [], []
+    for i in range(5):
+        tok, pos = randn(1, 64, seed=60 + i), torch.tensor([i], device="flagos")
+        snapshot = cache.clone()
+        outs.append(graphed(tok, pos))
+        after_graphed = cache.clone()
+        cache.copy_(snapshot)
+        refs.append(plain(tok, pos))
+        assert torch.equal(cache, after_graphed), i  # the in-place update happened in the graph
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert torch.equal(o, r), i
+    assert cudagraphs.counters["captures"] - before.get("captures", 0) == 1
+    assert cudagraphs.counters["replays"] - before.get("replays", 0) >= 3
