@@ -20,6 +20,7 @@ if torch._C._get_privateuse1_backend_name() != "flagos":
 from . import flagos  # noqa: E402
 from . import flaggems  # noqa: E402
 from . import routing  # noqa: E402
+from . import distributed  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -35,6 +36,7 @@ if not hasattr(torch.Tensor, "is_flagos"):
 _C._init()
 flaggems.register()
 routing.reload()
+distributed.register()
 
 __version__ = "0.1.0"
 
@@ -81,4 +83,4 @@ def driver() -> str:
     return _C._driver_name()
 
 
-__all__ = ["flagos", "flaggems", "routing", "is_flaggems_enabled", "get_registered_ops", "driver"]
+__all__ = ["flagos", "flaggems", "routing", "distributed", "is_flaggems_enabled", "get_registered_ops", "driver"]
