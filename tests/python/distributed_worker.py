@@ -388,17 +388,21 @@ def batch(rank, step):
     return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
 
 
-def reference_params():
-    """The same training, one process, the whole (all ranks') batch, on the CPU."""
-    model = make_model()
+def reference_params(device=None):
+    """The same training in one process, without torch.distributed: the whole
+    (all ranks') batch on this rank's device (the same kernels, so only the
+    order of the reductions differs)."""
+    device = device or DEVICE
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     for step in range(STEPS):
         xs, ys = zip(*(batch(r, step) for r in range(WORLD)))
-        loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        loss = torch.nn.functional.mse_loss(model(torch.cat(xs).to(device)),
+                                            torch.cat(ys).to(device))
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return {k: v.detach() for k, v in model.named_parameters()}
+    return {k: v.detach().cpu() for k, v in model.named_parameters()}
 
 
 def train(model, params):
@@ -621,7 +625,7 @@ def job_torchrun():
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-        ref = reference_params()
+        ref = reference_params("cpu")
         for name, p in model.named_parameters():
             assert p.to_local().device.type == "cpu"
             close(name, p.full_tensor(), ref[name])
