@@ -99,8 +99,9 @@ def _create_process_group(opts, backend_options):
             f"{size} within {timeout} ({e}). Check that world_size ({size}) is the number "
             "of processes started and that all of them called init_process_group / new_group"
         ) from e
-    gloo.options.global_ranks_in_group = global_ranks
-    gloo.options.group_name = group_name
+    if hasattr(gloo, "options"):  # as torch's own helper fills them
+        gloo.options.global_ranks_in_group = global_ranks
+        gloo.options.group_name = group_name
     if _SETS_SEQUENCE_NUMBERS:
         gloo._set_sequence_number_for_group()
     inner = _inner_backend(

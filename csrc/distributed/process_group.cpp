@@ -63,10 +63,12 @@ ProcessGroupFlagos::ProcessGroupFlagos(c10::intrusive_ptr<c10d::Backend> inner, 
                     ", the group rank ", rank, " of ", size);
 }
 
+#if FLAGOS_TORCH_AT_LEAST(2, 13)
 void ProcessGroupFlagos::setTimeout(std::chrono::milliseconds timeout) {
   inner_->setTimeout(timeout);
   options_->timeout = timeout;
 }
+#endif
 
 c10d::ReduceOp ProcessGroupFlagos::native_reduce_op(const c10d::ReduceOp& op) const {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM || !inner_has_premul_sum_) return op;

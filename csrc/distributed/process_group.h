@@ -19,6 +19,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "runtime/version.h"
+
 namespace torch_fl::distributed {
 
 class ProcessGroupFlagos final : public c10d::Backend {
@@ -36,7 +38,9 @@ class ProcessGroupFlagos final : public c10d::Backend {
   bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
   void startCoalescing() override { inner_->startCoalescing(); }
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#if FLAGOS_TORCH_AT_LEAST(2, 13)  // not checked against 2.11's Backend
   void setTimeout(std::chrono::milliseconds timeout) override;
+#endif
   uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
   void abort() override { inner_->abort(); }
   void shutdown() override { inner_->shutdown(); }
