@@ -299,6 +299,26 @@ def check_async_work_and_future():
     same(fut2.wait(), sum(all_data()) * 2, "future.then")
 
 
+def check_async_orders_the_current_stream():
+    # On a side stream, with no synchronisation of ours: wait() on the work,
+    # or on its future, must order that stream after the collective (a race
+    # on the cuda driver if it did not; 1M elements keep NCCL busy a while).
+    n = 1 << 20
+    total = float(sum(range(1, WORLD + 1)))
+    side = torch.flagos.Stream()
+    with torch.flagos.stream(side):
+        t = on(torch.full((n,), float(RANK + 1)))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        doubled = t * 2
+        u = on(torch.full((n,), float(RANK + 1)))
+        value = dist.all_reduce(u, async_op=True).get_future().wait()[0]
+        plus_one = value + 1
+    torch.flagos.synchronize()
+    same(doubled, torch.full((n,), 2 * total), "after work.wait()")
+    same(plus_one, torch.full((n,), total + 1), "after future.wait()")
+
+
 def check_cpu_tensors_in_same_group():
     t = data(RANK)
     dist.all_reduce(t)
@@ -328,7 +348,8 @@ def collectives():
     for fn in (check_broadcast, check_reduce, check_all_gather, check_all_gather_into_tensor,
                check_reduce_scatter, check_reduce_scatter_tensor, check_all_to_all,
                check_all_to_all_single, check_send_recv, check_scatter_gather, check_barrier,
-               check_coalesced, check_async_work_and_future, check_cpu_tensors_in_same_group):
+               check_coalesced, check_async_work_and_future,
+               check_async_orders_the_current_stream, check_cpu_tensors_in_same_group):
         record(fn.__name__[len("check_"):], fn)
 
 

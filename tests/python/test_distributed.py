@@ -40,7 +40,8 @@ REDUCE_OPS = [
 COLLECTIVES = [
     "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send_recv", "scatter_gather",
-    "barrier", "coalesced", "async_work_and_future", "cpu_tensors_in_same_group", "subgroups",
+    "barrier", "coalesced", "async_work_and_future", "async_orders_the_current_stream",
+    "cpu_tensors_in_same_group", "subgroups",
 ]
 BAD_INPUT = [
     "cpu_tensor_to_flagos_backend", "cpu_input_with_flagos_output",
