@@ -45,7 +45,10 @@ def record(name, fn):
         results[name] = traceback.format_exc(limit=6)
 
 
-def init(backend=None):
+def init():
+    # DIST_TEST_BACKEND: none (a bare init_process_group()), "flagos" or
+    # "cpu:gloo,flagos:flagos"; every form must give the same group.
+    backend = os.environ.get("DIST_TEST_BACKEND") or None
     dist.init_process_group(
         backend,
         init_method=f"file://{OUT}/store",
@@ -682,6 +685,7 @@ def job_torchrun():
 
 def job_main():
     init()
+    results["backend"] = dist.get_backend()
     collectives()
     subgroups()
     training()

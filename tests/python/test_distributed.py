@@ -123,19 +123,20 @@ class Job:
             assert outcome == "ok", f"{self.job} rank {rank}, {name}:\n{outcome}"
 
 
-def host(devices, timeout=60):
+def host(devices, timeout=60, backend=""):
     return {"FLAGOS_ACCELERATOR": "host", "FLAGOS_HOST_DEVICES": devices,
-            "DIST_TEST_TIMEOUT": timeout}
+            "DIST_TEST_TIMEOUT": timeout, "DIST_TEST_BACKEND": backend}
 
 
 @pytest.fixture(scope="module")
 def jobs():
     """Every host-driver job, started at once (2 cores: imports dominate)."""
     started = {
+        # the three ways to ask for the backend: bare, by name, by device map
         ("main", 2): Job("main", 2, host(2)),
-        ("main", 4): Job("main", 4, host(4)),
+        ("main", 4): Job("main", 4, host(4, backend="cpu:gloo,flagos:flagos")),
         "torchrun": Job("torchrun", 2, host(2), torchrun=True),
-        "killed_peer": Job("killed_peer", 2, host(2, timeout=30)),
+        "killed_peer": Job("killed_peer", 2, host(2, timeout=30, backend="flagos")),
         "timeout": Job("timeout", 2, host(2, timeout=3)),
         "wrong_world_size": Job("wrong_world_size", 2, host(2, timeout=3)),
     }
@@ -174,9 +175,13 @@ def test_collective(jobs, world, name):
     jobs[("main", world)].check(name)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_group_is_gloo_for_cpu_and_flagos_over_gloo_for_flagos(jobs, world):
-    jobs[("main", world)].check("group_backends")
+@pytest.mark.parametrize("world, backend", [(2, "undefined"), (4, "cpu:gloo,flagos:flagos")])
+def test_group_is_gloo_for_cpu_and_flagos_over_gloo_for_flagos(jobs, world, backend):
+    """A bare init_process_group() (2 ranks) and "cpu:gloo,flagos:flagos" (4)
+    give the same group; "flagos" by name is the killed_peer job's."""
+    job = jobs[("main", world)]
+    job.check("group_backends")
+    assert job.results()[0]["backend"] == backend
 
 
 def test_device_mesh_2d(jobs):
