@@ -5,7 +5,7 @@
 
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
-    "import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(torch.version.cuda or '')"
+    "import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(int(torch.distributed.is_available())); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
@@ -15,12 +15,13 @@ string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_DIR)
 list(GET _torch_info 1 TORCH_CXX11_ABI)
 list(GET _torch_info 2 TORCH_VERSION_STRING)
+list(GET _torch_info 3 TORCH_DISTRIBUTED)
 list(LENGTH _torch_info _n)
 set(TORCH_CUDA_VERSION "")
-if(_n GREATER 3)
-  list(GET _torch_info 3 TORCH_CUDA_VERSION)
+if(_n GREATER 4)
+  list(GET _torch_info 4 TORCH_CUDA_VERSION)
 endif()
-message(STATUS "torch ${TORCH_VERSION_STRING} at ${TORCH_DIR} (CUDA: ${TORCH_CUDA_VERSION})")
+message(STATUS "torch ${TORCH_VERSION_STRING} at ${TORCH_DIR} (CUDA: ${TORCH_CUDA_VERSION}, distributed: ${TORCH_DISTRIBUTED})")
 
 add_library(torch_cpu_libs INTERFACE)
 target_include_directories(torch_cpu_libs SYSTEM INTERFACE

@@ -3,9 +3,11 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|dist] [extra pytest args]
 # bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
-# cost), bench/flaggems_ops.py and bench/qwen3.py. With a .whl/ folder of
+# cost), bench/flaggems_ops.py and bench/qwen3.py. dist (2+ GPUs) runs the
+# multigpu tests of tests/python/test_distributed.py, then bench/distributed.py
+# with default routing and with every operator on CUDA's kernels. With a .whl/ folder of
 # carried wheels (flag_gems; see docs/gpu.md) they are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,5 +42,16 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     2>&1 | tee "$OUT/bench.log"
   python3 bench/flaggems_ops.py --json "$OUT/flaggems_ops.json" 2>&1 | tee -a "$OUT/bench.log"
   python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
+fi
+if [ "$what" = dist ]; then
+  # no NVLink multicast on the 2-GPU machines: every process gets these
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  python3 -m pytest -q -rs -p no:cacheprovider -m multigpu tests/python/test_distributed.py "$@" \
+    2>&1 | tee "$OUT/dist_tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  python3 bench/distributed.py --json "$OUT/distributed.json" --logs "$OUT/dist_logs" \
+    2>&1 | tee "$OUT/dist_bench.log"
+  python3 bench/distributed.py --all-cuda --json "$OUT/distributed_all_cuda.json" \
+    --logs "$OUT/dist_logs_all_cuda" 2>&1 | tee -a "$OUT/dist_bench.log"
 fi
 exit $rc

@@ -21,6 +21,7 @@ from . import flagos  # noqa: E402
 from . import flaggems  # noqa: E402
 from . import routing  # noqa: E402
 from . import compile as _compile  # noqa: E402
+from . import distributed  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -38,6 +39,7 @@ flaggems.register()
 routing.reload()
 # torch.compile: registers with Dynamo and Inductor when they are first used.
 _compile.install()
+distributed.register()
 
 __version__ = "0.1.0"
 
@@ -84,4 +86,4 @@ def driver() -> str:
     return _C._driver_name()
 
 
-__all__ = ["flagos", "flaggems", "routing", "is_flaggems_enabled", "get_registered_ops", "driver"]
+__all__ = ["flagos", "flaggems", "routing", "distributed", "is_flaggems_enabled", "get_registered_ops", "driver"]

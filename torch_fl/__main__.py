@@ -20,6 +20,11 @@ def _info() -> int:
     print(f"devices       {torch.flagos.device_count()}")
     print(f"backends      {', '.join(torch_fl.routing.available_backends())}")
     print(f"FlagGems      {'enabled' if torch_fl.is_flaggems_enabled() else 'not available'}")
+    if torch_fl.distributed.is_available():
+        inner = "nccl" if torch_fl.driver() == "cuda" else "gloo"
+        print(f"distributed   c10d backend '{torch_fl.distributed.BACKEND_NAME}' over {inner}")
+    else:
+        print("distributed   not available (torch without torch.distributed)")
     print(f"config        {torch_fl.routing.config_path() or '(none)'}")
     return 0
 

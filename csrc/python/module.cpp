@@ -16,6 +16,7 @@
 #include "aten/python_provider.h"
 #include "aten/rnn_cells.h"
 #include "hal/driver.h"
+#include "python/distributed.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "routing/config.h"
@@ -299,4 +300,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_python_kernel_ops", [] { return aten::python_kernel_ops(); });
   m.def("_is_initialized", [] { return runtime::is_initialized(); });
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
+  python::init_distributed(m);
 }

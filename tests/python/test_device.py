@@ -189,6 +189,7 @@ def test_python_m_torch_fl_prints_info(subprocesses):
     # The child inherits this process's environment: the same driver and count.
     assert re.search(rf"\bdriver\b\W*{torch_fl.driver()}\b", out), out
     assert re.search(rf"\bdevices\b\W*{torch.flagos.device_count()}\b", out), out
+    assert re.search(r"\bdistributed\b\W*c10d backend 'flagos' over (gloo|nccl)", out), out
 
 
 # ---------------------------------------------------------------- bad input

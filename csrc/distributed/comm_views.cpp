@@ -1,0 +1,119 @@
+#include "distributed/comm_views.h"
+
+#include <ostream>
+
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "aten/native_view.h"
+#include "runtime/device.h"
+
+namespace torch_fl::distributed {
+namespace {
+
+void release_flagos_storage(void* ctx) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+}
+
+// A native storage over the bytes of flagos storage `fs`, holding a reference
+// to it (released when the native storage dies).
+c10::Storage native_storage_of(c10::StorageImpl* fs, c10::DeviceIndex index) {
+  const c10::DeviceType type = aten::NativeViews::native_type();
+  c10::Device device(type, type == c10::DeviceType::CPU ? c10::DeviceIndex(-1) : index);
+  c10::raw::intrusive_ptr::incref(fs);
+  c10::DataPtr data(fs->data_ptr().get(), fs, &release_flagos_storage, device);
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), fs->nbytes(), std::move(data),
+      /*allocator=*/nullptr, /*resizable=*/false));
+}
+
+// "what", "what[i]" or "what[i][j]": built only for an error message.
+struct ArgName {
+  std::string_view what;
+  int64_t i = -1, j = -1;
+};
+std::ostream& operator<<(std::ostream& os, const ArgName& n) {
+  os << n.what;
+  if (n.i >= 0) os << "[" << n.i << "]";
+  if (n.j >= 0) os << "[" << n.j << "]";
+  return os;
+}
+
+}  // namespace
+
+void CommViews::check(const at::Tensor& t, std::string_view what_, int64_t i, int64_t j) {
+  const ArgName what{what_, i, j};
+  TORCH_CHECK_VALUE(t.defined(), "flagos backend: ", op_, " got an undefined tensor as ",
+                    what);
+  TORCH_CHECK_VALUE(
+      t.device().type() == runtime::kFlagos, "flagos backend: ", op_, " got ", what,
+      " on ", t.device(),
+      "; a collective on the flagos backend takes flagos tensors only (the process "
+      "group sends CPU tensors to its gloo backend, so do not mix devices in one call)");
+  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "flagos backend: ", op_, " got ", what,
+                    " with layout ", t.layout(), "; only dense (strided) tensors are supported");
+  if (!device_) {
+    device_ = t.device();
+  } else {
+    TORCH_CHECK_VALUE(*device_ == t.device(), "flagos backend: ", op_, " got ", what,
+                      " on ", t.device(), " while its other tensors are on ", *device_,
+                      "; one collective runs on one flagos device");
+  }
+}
+
+at::Tensor CommViews::view(const at::Tensor& flagos, std::string_view what) {
+  return view_at(flagos, what, -1, -1);
+}
+
+at::Tensor CommViews::view_at(const at::Tensor& flagos, std::string_view what, int64_t i,
+                              int64_t j) {
+  check(flagos, what, i, j);
+  c10::StorageImpl* fs = flagos.storage().unsafeGetStorageImpl();
+  c10::Storage* native = nullptr;
+  for (auto& [f, n] : storages_) {
+    if (f == fs) {
+      native = &n;
+      break;
+    }
+  }
+  if (native == nullptr) {
+    storages_.emplace_back(fs, native_storage_of(fs, flagos.device().index()));
+    native = &storages_.back().second;
+  }
+  const c10::DispatchKey key = aten::NativeViews::native_type() == c10::DeviceType::CPU
+                                   ? c10::DispatchKey::CPU
+                                   : c10::DispatchKey::CUDA;
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*native), c10::DispatchKeySet(key),
+                                                   flagos.dtype());
+  impl->set_sizes_and_strides(flagos.sizes(), flagos.strides(), flagos.storage_offset());
+  if (flagos.is_conj()) impl->_set_conj(true);
+  if (flagos.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+std::vector<at::Tensor> CommViews::view(const std::vector<at::Tensor>& flagos,
+                                        std::string_view what) {
+  std::vector<at::Tensor> out;
+  out.reserve(flagos.size());
+  for (size_t i = 0; i < flagos.size(); ++i) {
+    out.push_back(view_at(flagos[i], what, static_cast<int64_t>(i), -1));
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> CommViews::view(
+    const std::vector<std::vector<at::Tensor>>& flagos, std::string_view what) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(flagos.size());
+  for (size_t i = 0; i < flagos.size(); ++i) {
+    auto& row = out.emplace_back();
+    row.reserve(flagos[i].size());
+    for (size_t j = 0; j < flagos[i].size(); ++j) {
+      row.push_back(view_at(flagos[i][j], what, static_cast<int64_t>(i), static_cast<int64_t>(j)));
+    }
+  }
+  return out;
+}
+
+}  // namespace torch_fl::distributed

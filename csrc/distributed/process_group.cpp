@@ -1,0 +1,360 @@
+#include "distributed/process_group.h"
+
+#include <string_view>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/mul.h>
+
+#include "aten/native_view.h"
+#include "distributed/comm_views.h"
+#include "distributed/flagos_work.h"
+#include "runtime/device.h"
+
+namespace torch_fl::distributed {
+namespace {
+
+using c10d::OpType;
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+using TensorList = std::vector<at::Tensor>;
+
+// ReduceOp guarantees that a PREMUL_SUM carries this supplement (NCCL casts
+// it the same way).
+const c10d::NCCLPreMulSumSupplement* premul_factor(const c10d::ReduceOp& op) {
+  auto* factor = static_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(factor != nullptr, "flagos backend: a PREMUL_SUM ReduceOp without a factor");
+  return factor;
+}
+
+// The sizes a collective's arguments must have for a group of `size` ranks,
+// checked before anything is sent so every rank fails alike and at once.
+void check_count(std::string_view op, std::string_view what, size_t got, int64_t want,
+                 int size, std::string_view unit = "tensors") {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(got) == want, "flagos backend: ", op, ": ", what,
+                    " has ", got, " ", unit, "; the group has ", size, " ranks, so it needs ",
+                    want);
+}
+
+void check_numel(std::string_view op, std::string_view what, const at::Tensor& t,
+                 int64_t want, int size) {
+  TORCH_CHECK_VALUE(t.numel() == want, "flagos backend: ", op, ": ", what, " has ", t.numel(),
+                    " elements; the group has ", size, " ranks, so it needs ", want);
+}
+
+template <typename T>
+std::vector<T> flatten(const std::vector<std::vector<T>>& lists) {
+  std::vector<T> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+}  // namespace
+
+ProcessGroupFlagos::ProcessGroupFlagos(c10::intrusive_ptr<c10d::Backend> inner, int rank,
+                                       int size, std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size),
+      inner_(std::move(inner)),
+      // NCCL has PREMUL_SUM (ncclRedOpCreatePreMulSum); gloo and others not.
+      inner_has_premul_sum_(inner_->getBackendName() == "nccl"),
+      options_(c10::make_intrusive<Options>(kName, timeout)) {
+  TORCH_CHECK_VALUE(inner_->getRank() == rank && inner_->getSize() == size,
+                    "flagos backend: the inner ", inner_->getBackendName(),
+                    " backend is rank ", inner_->getRank(), " of ", inner_->getSize(),
+                    ", the group rank ", rank, " of ", size);
+}
+
+#if FLAGOS_TORCH_AT_LEAST(2, 13)
+void ProcessGroupFlagos::setTimeout(std::chrono::milliseconds timeout) {
+  inner_->setTimeout(timeout);
+  options_->timeout = timeout;
+}
+#endif
+
+c10d::ReduceOp ProcessGroupFlagos::native_reduce_op(const c10d::ReduceOp& op) const {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM || !inner_has_premul_sum_) return op;
+  auto* factor = premul_factor(op);
+  if (!factor->tensor_factor.defined() ||
+      factor->tensor_factor.device().type() != runtime::kFlagos) {
+    return op;
+  }
+  CommViews views("PREMUL_SUM");
+  c10d::ReduceOp native;
+  native.op_ = c10d::ReduceOp::PREMUL_SUM;
+  native.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(
+      views.view(factor->tensor_factor, "factor"));
+  return native;
+}
+
+bool ProcessGroupFlagos::emulates_premul_sum(const c10d::ReduceOp& op) const {
+  return op.op_ == c10d::ReduceOp::PREMUL_SUM && !inner_has_premul_sum_;
+}
+
+void ProcessGroupFlagos::premultiply(const c10d::ReduceOp& op, TensorList& inputs,
+                                     bool in_place) const {
+  auto* factor = premul_factor(op);
+  at::NoGradGuard no_grad;
+  for (auto& t : inputs) {
+    if (factor->tensor_factor.defined()) {
+      t = in_place ? t.mul_(factor->tensor_factor) : at::mul(t, factor->tensor_factor);
+    } else {
+      t = in_place ? t.mul_(factor->double_factor) : at::mul(t, factor->double_factor);
+    }
+  }
+}
+
+WorkPtr ProcessGroupFlagos::wrap(WorkPtr inner, TensorList outputs,
+                                 std::optional<c10::Device> device, OpType op) const {
+  return wrap_work(std::move(inner), std::move(outputs), device, getRank(), op);
+}
+
+WorkPtr ProcessGroupFlagos::endCoalescing() {
+  return wrap(inner_->endCoalescing(), {}, std::nullopt, OpType::COALESCED);
+}
+
+WorkPtr ProcessGroupFlagos::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
+  CommViews views("broadcast");
+  auto native = views.view(tensors, "tensors");
+  return wrap(inner_->broadcast(native, opts), tensors, views.device(), OpType::BROADCAST);
+}
+
+WorkPtr ProcessGroupFlagos::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
+  CommViews views("all_reduce");
+  auto native = views.view(tensors, "tensors");
+  c10d::AllreduceOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    TensorList scaled = tensors;
+    premultiply(opts.reduceOp, scaled, /*in_place=*/true);  // overwritten by the result
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->allreduce(native, o), tensors, views.device(), OpType::ALLREDUCE);
+}
+
+WorkPtr ProcessGroupFlagos::allreduce_coalesced(TensorList& tensors,
+                                                const c10d::AllreduceCoalescedOptions& opts) {
+  CommViews views("all_reduce_coalesced");
+  auto native = views.view(tensors, "tensors");
+  c10d::AllreduceCoalescedOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    TensorList scaled = tensors;
+    premultiply(opts.reduceOp, scaled, /*in_place=*/true);
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->allreduce_coalesced(native, o), tensors, views.device(),
+              OpType::ALLREDUCE_COALESCED);
+}
+
+WorkPtr ProcessGroupFlagos::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
+  CommViews views("reduce");
+  auto native = views.view(tensors, "tensors");
+  c10d::ReduceOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    // Only the root's tensor receives the result; the others stay unchanged.
+    const bool root = opts.rootRank == getRank();
+    TensorList scaled = tensors;
+    premultiply(opts.reduceOp, scaled, /*in_place=*/root);
+    if (!root) native = views.view(scaled, "tensors");
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->reduce(native, o), tensors, views.device(), OpType::REDUCE);
+}
+
+WorkPtr ProcessGroupFlagos::allgather(std::vector<TensorList>& outputs, TensorList& inputs,
+                                      const c10d::AllgatherOptions& opts) {
+  CommViews views("all_gather");
+  auto native_out = views.view(outputs, "output_tensor_lists");
+  auto native_in = views.view(inputs, "input_tensors");
+  check_count("all_gather", "output_tensor_lists", outputs.size(), inputs.size(), getSize());
+  for (const auto& list : outputs) {
+    check_count("all_gather", "output_tensor_list", list.size(), getSize(), getSize());
+  }
+  return wrap(inner_->allgather(native_out, native_in, opts), flatten(outputs),
+              views.device(), OpType::ALLGATHER);
+}
+
+WorkPtr ProcessGroupFlagos::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                            const c10d::AllgatherOptions& opts) {
+  CommViews views("all_gather_into_tensor");
+  auto native_out = views.view(output, "output_tensor");
+  auto native_in = views.view(input, "input_tensor");
+  check_numel("all_gather_into_tensor", "output_tensor", output, input.numel() * getSize(),
+              getSize());
+  return wrap(inner_->_allgather_base(native_out, native_in, opts), {output},
+              views.device(), OpType::_ALLGATHER_BASE);
+}
+
+WorkPtr ProcessGroupFlagos::allgather_coalesced(std::vector<TensorList>& output_lists,
+                                                TensorList& inputs,
+                                                const c10d::AllgatherOptions& opts) {
+  CommViews views("all_gather_coalesced");
+  auto native_out = views.view(output_lists, "output_tensor_lists");
+  auto native_in = views.view(inputs, "input_tensors");
+  return wrap(inner_->allgather_coalesced(native_out, native_in, opts), flatten(output_lists),
+              views.device(), OpType::ALLGATHER_COALESCED);
+}
+
+WorkPtr ProcessGroupFlagos::allgather_into_tensor_coalesced(TensorList& outputs,
+                                                            TensorList& inputs,
+                                                            const c10d::AllgatherOptions& opts) {
+  CommViews views("all_gather_into_tensor_coalesced");
+  auto native_out = views.view(outputs, "outputs");
+  auto native_in = views.view(inputs, "inputs");
+  check_count("all_gather_into_tensor_coalesced", "outputs", outputs.size(), inputs.size(),
+              getSize());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_numel("all_gather_into_tensor_coalesced", "an output", outputs[i],
+                inputs[i].numel() * getSize(), getSize());
+  }
+  return wrap(inner_->allgather_into_tensor_coalesced(native_out, native_in, opts), outputs,
+              views.device(), OpType::COALESCED);
+}
+
+WorkPtr ProcessGroupFlagos::gather(std::vector<TensorList>& outputs, TensorList& inputs,
+                                   const c10d::GatherOptions& opts) {
+  CommViews views("gather");
+  auto native_out = views.view(outputs, "gather_list");
+  auto native_in = views.view(inputs, "tensor");
+  if (opts.rootRank == getRank() && !outputs.empty()) {
+    check_count("gather", "gather_list", outputs[0].size(), getSize(), getSize());
+  }
+  return wrap(inner_->gather(native_out, native_in, opts), flatten(outputs), views.device(),
+              OpType::GATHER);
+}
+
+WorkPtr ProcessGroupFlagos::scatter(TensorList& outputs, std::vector<TensorList>& inputs,
+                                    const c10d::ScatterOptions& opts) {
+  CommViews views("scatter");
+  auto native_out = views.view(outputs, "tensor");
+  auto native_in = views.view(inputs, "scatter_list");
+  if (opts.rootRank == getRank() && !inputs.empty()) {
+    check_count("scatter", "scatter_list", inputs[0].size(), getSize(), getSize());
+  }
+  return wrap(inner_->scatter(native_out, native_in, opts), outputs, views.device(),
+              OpType::SCATTER);
+}
+
+WorkPtr ProcessGroupFlagos::reduce_scatter(TensorList& outputs, std::vector<TensorList>& inputs,
+                                           const c10d::ReduceScatterOptions& opts) {
+  CommViews views("reduce_scatter");
+  auto native_out = views.view(outputs, "output");
+  auto native_in = views.view(inputs, "input_list");
+  for (const auto& list : inputs) {
+    check_count("reduce_scatter", "input_list", list.size(), getSize(), getSize());
+  }
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    std::vector<TensorList> scaled = inputs;
+    for (auto& list : scaled) premultiply(opts.reduceOp, list, /*in_place=*/false);
+    native_in = views.view(scaled, "input_list");
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->reduce_scatter(native_out, native_in, o), outputs, views.device(),
+              OpType::REDUCE_SCATTER);
+}
+
+WorkPtr ProcessGroupFlagos::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::ReduceScatterOptions& opts) {
+  CommViews views("reduce_scatter_tensor");
+  auto native_out = views.view(output, "output");
+  auto native_in = views.view(input, "input");
+  check_numel("reduce_scatter_tensor", "input", input, output.numel() * getSize(), getSize());
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    TensorList scaled{input};
+    premultiply(opts.reduceOp, scaled, /*in_place=*/false);
+    native_in = views.view(scaled[0], "input");
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->_reduce_scatter_base(native_out, native_in, o), {output},
+              views.device(), OpType::_REDUCE_SCATTER_BASE);
+}
+
+WorkPtr ProcessGroupFlagos::reduce_scatter_tensor_coalesced(
+    TensorList& outputs, TensorList& inputs, const c10d::ReduceScatterOptions& opts) {
+  CommViews views("reduce_scatter_tensor_coalesced");
+  auto native_out = views.view(outputs, "outputs");
+  auto native_in = views.view(inputs, "inputs");
+  check_count("reduce_scatter_tensor_coalesced", "inputs", inputs.size(), outputs.size(),
+              getSize());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_numel("reduce_scatter_tensor_coalesced", "an input", inputs[i],
+                outputs[i].numel() * getSize(), getSize());
+  }
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = native_reduce_op(opts.reduceOp);
+  if (emulates_premul_sum(opts.reduceOp)) {
+    TensorList scaled = inputs;
+    premultiply(opts.reduceOp, scaled, /*in_place=*/false);
+    native_in = views.view(scaled, "inputs");
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return wrap(inner_->reduce_scatter_tensor_coalesced(native_out, native_in, o), outputs,
+              views.device(), OpType::COALESCED);
+}
+
+WorkPtr ProcessGroupFlagos::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                          std::vector<int64_t>& output_split_sizes,
+                                          std::vector<int64_t>& input_split_sizes,
+                                          const c10d::AllToAllOptions& opts) {
+  CommViews views("all_to_all_single");
+  auto native_out = views.view(output, "output");
+  auto native_in = views.view(input, "input");
+  if (!output_split_sizes.empty()) {
+    check_count("all_to_all_single", "output_split_sizes", output_split_sizes.size(),
+                getSize(), getSize(), "entries");
+  }
+  if (!input_split_sizes.empty()) {
+    check_count("all_to_all_single", "input_split_sizes", input_split_sizes.size(),
+                getSize(), getSize(), "entries");
+  }
+  return wrap(inner_->alltoall_base(native_out, native_in, output_split_sizes,
+                                    input_split_sizes, opts),
+              {output}, views.device(), OpType::ALLTOALL_BASE);
+}
+
+WorkPtr ProcessGroupFlagos::alltoall(TensorList& outputs, TensorList& inputs,
+                                     const c10d::AllToAllOptions& opts) {
+  CommViews views("all_to_all");
+  auto native_out = views.view(outputs, "output_tensor_list");
+  auto native_in = views.view(inputs, "input_tensor_list");
+  check_count("all_to_all", "output_tensor_list", outputs.size(), getSize(), getSize());
+  check_count("all_to_all", "input_tensor_list", inputs.size(), getSize(), getSize());
+  return wrap(inner_->alltoall(native_out, native_in, opts), outputs, views.device(),
+              OpType::ALLTOALL);
+}
+
+WorkPtr ProcessGroupFlagos::send(TensorList& tensors, int dst_rank, int tag) {
+  CommViews views("send");
+  auto native = views.view(tensors, "tensor");
+  return wrap(inner_->send(native, dst_rank, tag), tensors, views.device(), OpType::SEND);
+}
+
+WorkPtr ProcessGroupFlagos::recv(TensorList& tensors, int src_rank, int tag) {
+  CommViews views("recv");
+  auto native = views.view(tensors, "tensor");
+  return wrap(inner_->recv(native, src_rank, tag), tensors, views.device(), OpType::RECV);
+}
+
+WorkPtr ProcessGroupFlagos::recvAnysource(TensorList& tensors, int tag) {
+  CommViews views("recv");
+  auto native = views.view(tensors, "tensor");
+  return wrap(inner_->recvAnysource(native, tag), tensors, views.device(),
+              OpType::RECVANYSOURCE);
+}
+
+WorkPtr ProcessGroupFlagos::barrier(const c10d::BarrierOptions& opts) {
+  c10d::BarrierOptions o = opts;
+  // The inner backend picks its own device (NCCL: the cuda device of that
+  // index); a flagos device means nothing to it.
+  if (o.device && o.device->type() == c10::DeviceType::PrivateUse1) {
+    const c10::DeviceType native = aten::NativeViews::native_type();
+    o.device = c10::Device(native, native == c10::DeviceType::CPU ? -1 : o.device->index());
+  }
+  return wrap(inner_->barrier(o), {}, std::nullopt, OpType::BARRIER);
+}
+
+}  // namespace torch_fl::distributed

@@ -1,0 +1,127 @@
+"""torch.distributed on flagos: the ``flagos`` c10d backend (docs/distributed.md).
+
+Importing torch_fl registers the backend with torch.distributed's documented
+extension point, ``Backend.register_backend``. Then
+
+    dist.init_process_group()                            # picks it for flagos
+    dist.init_process_group("flagos")
+    dist.init_process_group("cpu:gloo,flagos:flagos")
+
+all give a process group whose flagos tensors go to ``ProcessGroupFlagos``
+(csrc/distributed/) and whose CPU tensors go to gloo, so stock DDP, FSDP2,
+DeviceMesh, DTensor, torch.distributed.checkpoint and torchrun work unchanged.
+
+``ProcessGroupFlagos`` runs an inner backend on zero-copy native views of
+flagos tensors: gloo on the host driver, NCCL on the cuda driver.
+"""
+
+import os
+
+import torch
+
+from . import _C
+
+BACKEND_NAME = "flagos"
+
+# The torch.distributed differences this module handles.
+_TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+# 2.14 made Backend._set_sequence_number_for_group a deprecated no-op.
+_SETS_SEQUENCE_NUMBERS = _TORCH < (2, 14)
+
+
+def is_available() -> bool:
+    """Whether this torch has torch.distributed and torch_fl was built with the backend."""
+    return torch.distributed.is_available() and _C._distributed.available
+
+
+def _map_local_rank_to_device() -> None:
+    # torchrun sets LOCAL_RANK; as DeviceMesh does for CUDA, it picks this
+    # process's device unless the program has already used the device.
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None or torch.flagos.is_initialized():
+        return
+    index = int(local_rank)
+    count = torch.flagos.device_count()
+    if index >= count:
+        raise RuntimeError(
+            f"LOCAL_RANK={index} but this process sees {count} flagos device(s) "
+            f"(flagos:0..{count - 1}); start at most {count} processes per node, or raise "
+            "FLAGOS_HOST_DEVICES on the host driver"
+        )
+    torch.flagos.set_device(index)
+
+
+def _inner_backend(store, rank, size, timeout, group_name, global_ranks, gloo, backend_options):
+    """The backend that runs flagos collectives on native views."""
+    from torch.distributed import PrefixStore
+
+    if _C._driver_name() != "cuda":
+        return gloo  # host driver: flagos memory is host memory; share one gloo context
+    from torch.distributed import ProcessGroupNCCL
+
+    if backend_options is not None and not isinstance(backend_options, ProcessGroupNCCL.Options):
+        raise TypeError(
+            "pg_options for the flagos backend on the cuda driver must be "
+            f"ProcessGroupNCCL.Options, not {type(backend_options).__name__}"
+        )
+    options = backend_options or ProcessGroupNCCL.Options()
+    if backend_options is None:
+        options.is_high_priority_stream = False
+    options._timeout = timeout
+    options.global_ranks_in_group = global_ranks
+    options.group_name = group_name
+    nccl = ProcessGroupNCCL(PrefixStore("nccl/", store), rank, size, options)
+    if _SETS_SEQUENCE_NUMBERS:
+        nccl._set_sequence_number_for_group()
+    return nccl
+
+
+def _create_process_group(opts, backend_options):
+    """The creator registered with ``Backend.register_backend(extended_api=True)``.
+
+    It returns a whole ProcessGroup (which torch.distributed takes in place of
+    the one it was building) with two backends: gloo for CPU tensors, flagos
+    for flagos tensors. A bare ``init_process_group()`` builds only the
+    accelerator's backend and makes gloo the group's default; answering with
+    both keeps CPU collectives, object collectives and DDP working there.
+    """
+    from torch.distributed import PrefixStore, ProcessGroup, ProcessGroupGloo
+
+    store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    group_name, global_ranks = opts.group_id, list(opts.global_ranks_in_group)
+    _map_local_rank_to_device()
+
+    try:
+        gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, timeout=timeout)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"flagos backend: rank {rank} could not reach the other ranks of a group of "
+            f"{size} within {timeout} ({e}). Check that world_size ({size}) is the number "
+            "of processes started and that all of them called init_process_group / new_group"
+        ) from e
+    if hasattr(gloo, "options"):  # as torch's own helper fills them
+        gloo.options.global_ranks_in_group = global_ranks
+        gloo.options.group_name = group_name
+    if _SETS_SEQUENCE_NUMBERS:
+        gloo._set_sequence_number_for_group()
+    inner = _inner_backend(
+        store, rank, size, timeout, group_name, global_ranks, gloo, backend_options
+    )
+    flagos = _C._distributed._bind()(inner, rank, size, timeout)
+
+    pg = ProcessGroup(store, rank, size)
+    pg._set_default_backend(ProcessGroup.BackendType.GLOO)
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
+    pg._register_backend(torch.device("flagos"), ProcessGroup.BackendType.CUSTOM, flagos)
+    return pg
+
+
+def register() -> None:
+    """Registers the ``flagos`` backend with torch.distributed (idempotent)."""
+    if not is_available():
+        return
+    import torch.distributed as dist
+
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_process_group, extended_api=True, devices=["flagos", "cpu"]
+    )
