@@ -1,27 +1,29 @@
-"""Qwen3 (0.6B-shaped, random weights) on flagos against native CUDA: prefill and decode
-tokens/s, and training-step time.
+"""Qwen3 (0.6B-shaped, random weights) on flagos against native CUDA: HF generate()
+tokens/s at batch 1 and 8, and training-step time (fp32 AdamW, bf16 autocast).
 
-Three configurations, each in its own process (a native-CUDA backward cannot
-run in a process that loaded torch_fl, pytorch#161129), in one run of this
-script:
-
+Configurations:
+- ``cuda``: native CUDA tensors;
+- ``flagos all-cuda``: flagos with ``* = cuda`` (PyTorch's CUDA kernels through
+  flagos' routing path);
 - ``flagos``: flagos with the default routing (FlagGems where it serves an
-  operator, CUDA's kernels for the rest);
-- ``flagos all-cuda``: flagos with ``* = cuda`` (every operator on PyTorch's
-  CUDA kernels, through the routing path);
-- ``cuda``: native CUDA, TORCH_DEVICE_BACKEND_AUTOLOAD=0 (torch_fl never loaded).
+  operator, CUDA's kernels for the rest).
 
-Each process builds the model (examples/qwen3_workload.py), then:
-inference in bfloat16, batch B, prompt P, N new tokens, greedy, KV cache:
-W untimed warm-up generations, then R timed ones; prefill tokens/s and
-decode tokens/s are the medians. Training in float32: S AdamW steps on
-batch B x P; the step time is the median of steps 2..S (step 1 holds
-compilation and allocation). Ratios are against native CUDA (>1: faster for
-tokens/s columns, slower for the step-time column as labelled). The
-configurations run in the order given by --order, ``rounds`` times, and the
-medians over rounds are reported.
+Method (docs/benchmarks.md):
+- Inference runs in one process: CUDA's forward is untouched by torch_fl (no
+  operator on a cuda tensor reaches flagos), so the three configurations and
+  an A/A pair (``cuda`` twice) are interleaved in R rounds, rotating which goes
+  first; a round times one ``model.generate()`` (greedy, KV cache, prompt P,
+  N new tokens, default attention) per configuration and batch size; the
+  ratio reported is the median of the per-round ratios against ``cuda``, with
+  the generated tokens compared to CUDA's.
+- Training runs one process per configuration and round (a CUDA backward
+  cannot run in a process that loaded torch_fl: pytorch#161129, docs/gpu.md),
+  alternating the order of configurations between rounds; a process runs S
+  fp32 AdamW steps and S bf16-autocast AdamW steps from the same seeded
+  model; a step's time is the median of steps 2..S; the ratio is the median
+  of the per-round ratios; losses are compared to CUDA's bit for bit.
 
-    PYTHONPATH=. python bench/qwen3.py [--size 0.6b] [--rounds 1] [--json out.json]
+    PYTHONPATH=. python bench/qwen3.py [--rounds 5] [--train-rounds 2] [--json out.json]
 """
 
 import argparse
@@ -37,53 +39,133 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 CONFIGS = ("cuda", "flagos all-cuda", "flagos")
+TRAIN_MODES = ("fp32", "bf16 autocast")
 
 
-def child(a) -> int:
+def _sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+# ---- inference: one process, interleaved ------------------------------------------------
+
+def _generate(model, ids, new_tokens):
+    import torch
+
+    with torch.no_grad():
+        _sync()
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, use_cache=True, pad_token_id=0)
+        _sync()
+        return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
+
+
+def inference(a) -> dict:
+    sys.path.insert(0, EXAMPLES)
+    import torch
+    import torch_fl
+    import qwen3_workload as wl
+
+    cfg = wl.SIZES[a.size]
+    base = wl.build_model(a.size, torch.bfloat16, "cpu", seed=0)
+    models = {"cuda": base.to("cuda")}
+    models["flagos"] = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)
+    for m in models.values():
+        m.generation_config.pad_token_id = 0
+    sides = {  # name -> (model key, device, '*' route)
+        "cuda": ("cuda", "cuda", None), "cuda (A/A)": ("cuda", "cuda", None),
+        "flagos all-cuda": ("flagos", "flagos", "cuda"), "flagos": ("flagos", "flagos", None),
+    }
+    sides = {k: v for k, v in sides.items() if k.startswith("cuda") or k in a.configs}
+    torch_fl.routing.reset_stats()
+
+    def run(side, batch):
+        key, dev, route = sides[side]
+        torch_fl.routing.set_route("*", route or "")
+        ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
+        return _generate(models[key], ids, a.new_tokens)
+
+    results = {}
+    for batch in a.batches:
+        for side in sides:  # warm-up: compilation, autotuning, caches
+            for _ in range(a.warmup):
+                run(side, batch)
+        times = {s: [] for s in sides}
+        tokens = {}
+        names = list(sides)
+        for r in range(a.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for side in order:
+                toks, t = run(side, batch)
+                times[side].append(t)
+                tokens[side] = toks
+        row = {}
+        for side in sides:
+            tok_s = [batch * a.new_tokens / t for t in times[side]]
+            ratios = [tc / ts for ts, tc in zip(times[side], times["cuda"])]
+            row[side] = {"tok_s": statistics.median(tok_s),
+                         "ratio": statistics.median(ratios), "per_round": ratios,
+                         "tokens_equal_cuda": int((tokens[side] == tokens["cuda"]).sum()),
+                         "tokens": tokens[side].numel()}
+        results[f"batch {batch}"] = row
+    torch_fl.routing.set_route("*", "")
+    # Which backend served the flagos runs: one more of them, counted.
+    torch_fl.routing.reset_stats()
+    run("flagos" if "flagos" in sides else "flagos all-cuda", a.batches[0])
+    summary = wl.routing_summary()
+    results["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}
+    return results
+
+
+# ---- training: a process per configuration and round ------------------------------------
+
+def train_child(a) -> int:
     sys.path.insert(0, EXAMPLES)
     import torch
     import qwen3_workload as wl
 
     device = "cuda" if a.config == "cuda" else "flagos"
     if device == "flagos":
-        import torch_fl  # noqa: F401
+        import torch_fl
+
+        if a.config == "flagos all-cuda":
+            torch_fl.routing.set_route("*", "cuda")
     cfg = wl.SIZES[a.size]
+    batches = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0)
     out = {"config": a.config}
-    model = wl.build_model(a.size, torch.bfloat16, device, seed=0)
-    prompt = wl.prompt_ids(cfg["vocab_size"], a.batch, a.prompt_len, seed=0)
-    pre, dec = [], []
-    for r in range(a.warmup + a.repeats):
-        res = wl.generate(model, prompt, a.new_tokens, device, warmup=0, all_logits=False)
-        if r >= a.warmup:
-            pre.append(res["timing"]["prefill_tok_s"])
-            dec.append(res["timing"]["decode_tok_s"])
-    out["prefill_tok_s"] = statistics.median(pre)
-    out["decode_tok_s"] = statistics.median(dec)
-    out["tokens"] = res["tokens"].tolist()
-    del model
-    model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
-    batches = wl.train_batches(cfg["vocab_size"], a.batch, a.prompt_len, seed=0)
-    tr = wl.train(model, batches, a.steps, device, lr=1e-4)
-    out["train_step_s"] = statistics.median(tr["step_times_s"][1:])
-    out["final_loss"] = tr["losses"][-1]
-    if device == "flagos":
-        summary = wl.routing_summary()
-        out["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}
+    for mode in TRAIN_MODES:
+        model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        data = batches.to(device)
+        losses, times = [], []
+        for step in range(a.steps):
+            x = data[step % data.shape[0]]
+            wl.synchronize(device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=(mode != "fp32")):
+                loss = model(input_ids=x, labels=x, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            wl.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+        out[mode] = {"step_s": statistics.median(times[1:]), "losses": losses}
+        del model, opt
     print("@@qwen3 " + json.dumps(out), flush=True)
     return 0
 
 
-def run_config(a, config: str, conf_path: str) -> dict:
+def run_train(a, config: str) -> dict:
     env = dict(os.environ)
-    env.pop("FLAGOS_BACKEND_CONFIG", None)
     if config == "cuda":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    elif config == "flagos all-cuda":
-        env["FLAGOS_BACKEND_CONFIG"] = conf_path
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--size", a.size,
-           "--batch", str(a.batch), "--prompt-len", str(a.prompt_len),
-           "--new-tokens", str(a.new_tokens), "--warmup", str(a.warmup),
-           "--repeats", str(a.repeats), "--steps", str(a.steps)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--train-child", config, "--size", a.size,
+           "--steps", str(a.steps), "--train-batch", str(a.train_batch),
+           "--train-len", str(a.train_len)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     for line in p.stdout.splitlines():
         if line.startswith("@@qwen3 "):
@@ -91,76 +173,84 @@ def run_config(a, config: str, conf_path: str) -> dict:
     raise RuntimeError(f"{config}: exited {p.returncode}\n{p.stderr[-3000:]}")
 
 
+def training(a) -> dict:
+    configs = tuple(c for c in CONFIGS if c == "cuda" or c in a.configs)
+    runs = {c: [] for c in configs}
+    for r in range(a.train_rounds):
+        order = configs if r % 2 == 0 else tuple(reversed(configs))
+        for c in order:
+            runs[c].append(run_train(a, c))
+    out = {}
+    for mode in TRAIN_MODES:
+        row = {}
+        for c in configs:
+            steps = [x[mode]["step_s"] for x in runs[c]]
+            ratios = [x[mode]["step_s"] / y[mode]["step_s"] for x, y in zip(runs[c], runs["cuda"])]
+            row[c] = {"step_ms": statistics.median(steps) * 1e3,
+                      "ratio": statistics.median(ratios), "per_round": ratios,
+                      "losses_equal_cuda": runs[c][0][mode]["losses"] == runs["cuda"][0][mode]["losses"],
+                      "losses": runs[c][0][mode]["losses"]}
+        out[mode] = row
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="0.6b")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--train-batch", type=int, default=4)
+    p.add_argument("--train-len", type=int, default=128)
+    p.add_argument("--train-rounds", type=int, default=2)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS[1:], default=list(CONFIGS[1:]),
+                   help="flagos configurations to compare with cuda (default: both)")
+    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
     p.add_argument("--json")
-    p.add_argument("--child", choices=CONFIGS, dest="config", help=argparse.SUPPRESS)
+    p.add_argument("--train-child", choices=CONFIGS, dest="config", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.config:
-        return child(a)
+        return train_child(a)
 
     import torch
 
     if not torch.cuda.is_available():
         print("skipped: no GPU (torch.cuda.is_available() is False)")
         return 0
-    t_start = time.monotonic()
-    with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
-        f.write("* = cuda\n")
-        conf = f.name
-    runs = {c: [] for c in CONFIGS}
-    try:
-        for r in range(a.rounds):
-            order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
-            for c in order:
-                runs[c].append(run_config(a, c, conf))
-                x = runs[c][-1]
-                print(f"{c}: prefill {x['prefill_tok_s']:.0f} tok/s, decode {x['decode_tok_s']:.1f} "
-                      f"tok/s, train step {x['train_step_s'] * 1e3:.1f} ms", flush=True)
-    finally:
-        os.unlink(conf)
-    med = statistics.median
-    rows = {}
-    for c in CONFIGS:
-        rows[c] = {k: med(x[k] for x in runs[c])
-                   for k in ("prefill_tok_s", "decode_tok_s", "train_step_s")}
-        rows[c]["routing"] = runs[c][-1].get("routing")
-        rows[c]["tokens_equal_cuda"] = runs[c][-1]["tokens"] == runs["cuda"][-1]["tokens"]
-    base = rows["cuda"]
-    print(f"Qwen3 {a.size} (random weights), {torch.cuda.get_device_name(0)}, torch "
-          f"{torch.__version__}; inference bf16 B={a.batch} P={a.prompt_len} N={a.new_tokens}, "
-          f"training fp32 AdamW B={a.batch} L={a.prompt_len}; {a.rounds} round(s), "
-          f"{time.monotonic() - t_start:.0f} s")
-    print(f"{'config':<17} {'prefill tok/s':>14} {'x cuda':>7} {'decode tok/s':>13} {'x cuda':>7} "
-          f"{'train step ms':>14} {'x cuda':>7}")
-    for c in CONFIGS:
-        r = rows[c]
-        r["prefill_vs_cuda"] = r["prefill_tok_s"] / base["prefill_tok_s"]
-        r["decode_vs_cuda"] = r["decode_tok_s"] / base["decode_tok_s"]
-        r["train_step_vs_cuda"] = r["train_step_s"] / base["train_step_s"]
-        print(f"{c:<17} {r['prefill_tok_s']:>14.0f} {r['prefill_vs_cuda']:>7.2f} "
-              f"{r['decode_tok_s']:>13.1f} {r['decode_vs_cuda']:>7.2f} "
-              f"{r['train_step_s'] * 1e3:>14.1f} {r['train_step_vs_cuda']:>7.2f}")
-    print("x cuda: tokens/s as a fraction of native CUDA's (higher is better); step time as a "
-          "multiple of native CUDA's (lower is better)")
-    for c in CONFIGS:
-        if rows[c]["routing"]:
-            print(f"{c} routing: " + ", ".join(f"{b} {o} ops/{n} calls"
-                                             for b, (o, n) in sorted(rows[c]["routing"].items())))
+    t0 = time.monotonic()
+    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "args": vars(a), "gpu": torch.cuda.get_device_name(0),
+                    "torch": torch.__version__}}
+    if "training" not in a.skip:
+        res["training"] = training(a)
+    if "inference" not in a.skip:
+        res["inference"] = inference(a)
+    print(f"Qwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
+          f"{time.monotonic() - t0:.0f} s")
+    for key, row in res.get("inference", {}).items():
+        if key == "routing":
+            continue
+        print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
+              f"{a.rounds} rounds (x cuda: tokens/s ratio, higher is better)")
+        for side, r in row.items():
+            print(f"  {side:<16} {r['tok_s']:>9.1f} tok/s  x cuda {r['ratio']:5.3f}  tokens equal "
+                  f"{r['tokens_equal_cuda']}/{r['tokens']}  per round "
+                  + " ".join(f"{x:.3f}" for x in r["per_round"]))
+    for mode, row in res.get("training", {}).items():
+        print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, {a.train_rounds} "
+              f"rounds (x cuda: step time ratio, lower is better)")
+        for c, r in row.items():
+            print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
+                  f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+    if "inference" in res:
+        print("flagos routing: " + ", ".join(
+            f"{b} {o} ops/{n} calls" for b, (o, n) in sorted(res["inference"]["routing"].items())))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                                "args": vars(a), "gpu": torch.cuda.get_device_name(0),
-                                "torch": torch.__version__},
-                       "rows": rows, "runs": runs}, f, indent=1)
+            json.dump(res, f, indent=1)
     return 0
 
 

@@ -1,0 +1,165 @@
+"""Unboxed routes (csrc/aten/unboxed_route.h) behave exactly as the boxed path.
+
+The hottest operators have a kernel with their own C++ signature that calls
+the native kernel directly, and a per-thread cache of native views. Routing
+semantics (counts, routes, the dispatch log, the fallback policy) and tensor
+semantics (in-place identity, out= resizing, aliasing, metadata changed in
+place) must not depend on which path ran a call.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import torch_fl
+from conftest import run_py
+
+HOST = {"FLAGOS_ACCELERATOR": "host"}
+
+
+def unboxed_ops():
+    regs = set(torch_fl.get_registered_ops())
+    return {op for op in ("aten::add.Tensor", "aten::mul.Tensor", "aten::mm", "aten::cat",
+                          "aten::_softmax", "aten::index_select") if op in regs}
+
+
+def test_hot_operators_have_unboxed_kernels():
+    # Registered where the native device has a kernel of its own.
+    assert unboxed_ops() == {"aten::add.Tensor", "aten::mul.Tensor", "aten::mm", "aten::cat",
+                             "aten::_softmax", "aten::index_select"}
+
+
+def test_every_call_is_counted_once_whichever_path_ran_it():
+    a = torch.randn(5, device="flagos")
+    b = torch.randn(5, device="flagos")
+    torch_fl.routing.reset_stats()
+    for _ in range(17):
+        a + b
+    stats = {s.op: s.calls for s in torch_fl.routing.stats()}
+    backend = "native" if torch_fl.driver() == "host" else torch_fl.routing.table("add.Tensor")[0].backend
+    assert stats["aten::add.Tensor"] == {backend: 17}
+
+
+def test_route_changes_reach_calls_the_unboxed_path_served():
+    a = torch.randn(5, device="flagos")
+    a + a  # resolved, now served unboxed
+    try:
+        torch_fl.routing.set_route("add.Tensor", "cpu")
+        torch_fl.routing.reset_stats()
+        out = a + a
+        stats = {s.op: s.calls for s in torch_fl.routing.stats()}
+        assert stats["aten::add.Tensor"] == {"cpu": 1}
+        torch.testing.assert_close(out.cpu(), a.cpu() * 2, rtol=0, atol=0)
+    finally:
+        torch_fl.routing.set_route("add.Tensor", "")
+
+
+def test_in_place_and_out_calls_return_the_callers_tensors():
+    x = torch.randn(4, 3, device="flagos")
+    ref = x.cpu() + 1.5
+    y = x.add_(1.5)
+    assert y is x
+    torch.testing.assert_close(x.cpu(), ref, rtol=0, atol=0)
+    a, b = torch.randn(6, device="flagos"), torch.randn(6, device="flagos")
+    out = torch.empty(0, device="flagos")
+    r = torch.add(a, b, out=out)
+    assert r is out and out.shape == (6,)
+    torch.testing.assert_close(out.cpu(), a.cpu() + b.cpu(), rtol=0, atol=0)
+    big = torch.empty(6, device="flagos")
+    storage = big.untyped_storage().data_ptr()
+    torch.mul(a, b, out=big)
+    assert big.untyped_storage().data_ptr() == storage  # no reallocation when it fits
+
+
+def test_cached_views_follow_metadata_changed_in_place():
+    g = torch.Generator().manual_seed(1)
+    cpu = torch.randn(4, 6, generator=g)
+    x = cpu.to("flagos")
+    torch.testing.assert_close((x * 2).cpu(), cpu * 2)  # the view of x is now cached
+    x.t_()
+    cpu.t_()
+    torch.testing.assert_close((x * 2).cpu(), cpu * 2)
+    x.resize_(3, 8)
+    cpu.resize_(3, 8)
+    torch.testing.assert_close((x * 2).cpu(), cpu * 2)
+    other = torch.randn(3, 8, generator=g)
+    x.set_(other.to("flagos"))
+    torch.testing.assert_close((x * 2).cpu(), other * 2)
+    x.untyped_storage().resize_(x.numel() * 4 * 2)  # new memory behind the same storage
+    x.copy_(other.to("flagos"))
+    torch.testing.assert_close((x + x).cpu(), other * 2)
+
+
+def test_results_of_one_op_feed_the_next_and_views_alias_their_base():
+    g = torch.Generator().manual_seed(2)
+    cpu = torch.randn(8, 8, generator=g)
+    x = cpu.to("flagos")
+    y = torch.softmax(x @ x, -1) * x
+    torch.testing.assert_close(y.cpu(), torch.softmax(cpu @ cpu, -1) * cpu)
+    v = y[2:5]
+    v.mul_(0)
+    assert y.cpu()[2:5].abs().max() == 0
+    s = torch.cat([y, y], 0)
+    s[0].fill_(7)
+    assert y.cpu()[0].ne(7).any()  # cat copies
+
+
+def test_same_device_errors_are_the_boxed_paths():
+    a = torch.randn(3, device="flagos")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.randn(3)
+    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), a.cpu() + 2)  # a CPU scalar is fine
+    if torch.flagos.device_count() > 1:
+        with pytest.raises(RuntimeError, match="flagos:0 and flagos:1"):
+            torch.randn(3, device="flagos:0") + torch.randn(3, device="flagos:1")
+
+
+def test_threads_share_tensors_and_get_correct_results():
+    g = torch.Generator().manual_seed(3)
+    cpu = [torch.randn(16, 16, generator=g) for _ in range(4)]
+    dev = [t.to("flagos") for t in cpu]
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(200):
+                a, b = dev[(i + k) % 4], dev[(i + 2 * k + 1) % 4]
+                r = (a @ b + a) * b
+                if i % 50 == 0:
+                    ca, cb = cpu[(i + k) % 4], cpu[(i + 2 * k + 1) % 4]
+                    torch.testing.assert_close(r.cpu(), (ca @ cb + ca) * cb)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_dispatch_log_and_fallback_policy_see_unboxed_operators():
+    code = """
+import torch, torch_fl
+a = torch.randn(4, device="flagos")
+for _ in range(3):
+    a + a
+print("OK")
+"""
+    rc, out, err = run_py(code, env={**HOST, "FLAGOS_LOG_DISPATCH": "1"})
+    assert rc == 0, err
+    assert err.count("aten::add.Tensor -> native") == 1, err
+    code = """
+import torch, torch_fl
+a = torch.randn(4, device="flagos")
+try:
+    a + a
+except RuntimeError as e:
+    print("RAISED", "add.Tensor" in str(e))
+"""
+    rc, out, err = run_py(code, env={**HOST, "FLAGOS_CONFIG_STRICT": "0", "FLAGOS_OP_add": "cuda",
+                                     "FLAGOS_CPU_FALLBACK": "error"})
+    assert rc == 0, err
+    assert "RAISED True" in out, (out, err)
