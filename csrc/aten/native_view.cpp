@@ -122,7 +122,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     if (twin != nullptr && reuse_views_) {
       if (const at::Tensor* cached = view_cache().find(flagos.unsafeGetTensorImpl(), twin)) {
         storages_.push_back({fs, cached->storage(), fs->data_ptr().get()});
-        tensors_.push_back({cached->unsafeGetTensorImpl(), flagos.unsafeGetTensorImpl()});
+        tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
         return *cached;
       }
     }
@@ -133,7 +133,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     native = &storages_.back().native;
   }
   at::Tensor view = tensor_on(*native, native_key(), flagos);
-  tensors_.push_back({view.unsafeGetTensorImpl(), flagos.unsafeGetTensorImpl()});
+  tensors_.push_back({view, flagos.unsafeGetTensorImpl()});
   if (reuse_views_ && FlagosStorage::twin_of(fs) == native->unsafeGetStorageImpl()) {
     view_cache().put(flagos.unsafeGetTensorImpl(), view);
   }
@@ -177,7 +177,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   if (!native.defined() || native.device().type() == kFlagos) return native;
   auto* impl = native.unsafeGetTensorImpl();
   for (auto& t : tensors_) {
-    if (t.native == impl) {
+    if (t.native.unsafeGetTensorImpl() == impl) {
       return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t.flagos));
     }
   }

@@ -46,7 +46,10 @@ class NativeViews {
     void* original_data;
   };
   struct TensorPair {
-    c10::TensorImpl* native;
+    // Owned for the call: results are matched to views by TensorImpl address,
+    // which a view freed mid-call (a temporary argument) would hand on to a
+    // new result.
+    at::Tensor native;
     c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
   };
   bool reuse_views_;
