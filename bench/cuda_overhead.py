@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 MIXED_OPS = 2000
+SLICES = 10  # blocks per side and round, alternated (see compare)
 SMALL = ("add (1)", "mul (1)", "mm 64x64 f32", "softmax 64x1024", "layer_norm 64x1024",
          "embedding 32000x512 [64]", "cat 8 x 128x128", "index_select 1024x128 [64]",
          "view + add_ (8x16)")
@@ -112,22 +113,37 @@ def timed_block(fn, n):
     return (t2 - t0) / n, (t1 - t0) / n
 
 
-def compare(fa, fb, rounds, calls):
-    """Medians and per-round ratios of a against b, alternating which goes first."""
+def compare(fa, fb, rounds, calls, slices=SLICES):
+    """Medians and per-round ratios of a against b.
+
+    A round splits each side's N calls into `slices` blocks and alternates
+    them (a b a b ..., the first side alternating between rounds), so that
+    machine noise slower than a block (clock changes, other tenants' load)
+    falls on both sides alike; the round's ratio is the ratio of the sums.
+    Python's garbage collector is off while timing.
+    """
     ratios, ta, tb, ia, ib = [], [], [], [], []
+    per = max(1, calls // slices)
     for r in range(rounds):
         gc.collect()
-        if r % 2 == 0:
-            a, a_issue = timed_block(fa, calls)
-            b, b_issue = timed_block(fb, calls)
-        else:
-            b, b_issue = timed_block(fb, calls)
-            a, a_issue = timed_block(fa, calls)
+        gc.disable()
+        try:
+            a = b = a_issue = b_issue = 0.0
+            for k in range(slices):
+                first_a = (r + k) % 2 == 0
+                for side in ((fa, "a"), (fb, "b")) if first_a else ((fb, "b"), (fa, "a")):
+                    t, i = timed_block(side[0], per)
+                    if side[1] == "a":
+                        a, a_issue = a + t, a_issue + i
+                    else:
+                        b, b_issue = b + t, b_issue + i
+        finally:
+            gc.enable()
         ratios.append(a / b)
-        ta.append(a)
-        tb.append(b)
-        ia.append(a_issue)
-        ib.append(b_issue)
+        ta.append(a / slices)
+        tb.append(b / slices)
+        ia.append(a_issue / slices)
+        ib.append(b_issue / slices)
     med = statistics.median
     return {"ratio": med(ratios), "a": med(ta), "b": med(tb),
             "a_issue": med(ia), "b_issue": med(ib), "rounds": ratios}
@@ -269,7 +285,8 @@ def main(argv=None):
         "flagos_env": flagos_env, "rounds": args.rounds, "scale": args.scale,
         "seconds": round(seconds, 1), "results_differ": differ, "routes": routes,
         "method": "host us = (N back-to-back calls + one torch.cuda.synchronize()) / N; "
-                  "R rounds, flagos and cuda alternately, alternating which goes first; "
+                  f"R rounds; a round alternates {SLICES} blocks of N/{SLICES} calls per side, "
+                  "the first side alternating; round ratio = sum over blocks; "
                   "ratio = median of per-round ratios; gpu us = CUDA-event time per call "
                   "with the calls queued behind a spin kernel",
     }

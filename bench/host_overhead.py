@@ -2,14 +2,15 @@
 
 Each op runs on small tensors, so the time is host overhead (Python, dispatch,
 routing, views), not arithmetic. Method (see docs/benchmarks.md): R rounds;
-in each, flagos and CPU are timed over N calls, alternating which goes first;
-the reported ratio is the median of the per-round ratios. An A/A row (CPU
+in each, flagos and CPU are timed over N calls in 10 alternating blocks per
+side; the reported ratio is the median of the per-round ratios. An A/A row (CPU
 against CPU) gives the noise of the method on this machine.
 
     python bench/host_overhead.py [--rounds 7] [--calls 20000] [--json out.json]
 """
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -37,6 +38,9 @@ def make_cases(device):
     }
 
 
+SLICES = 10  # blocks per side and round, alternated (see compare)
+
+
 def time_calls(fn, calls):
     for _ in range(min(200, calls)):
         fn()
@@ -46,18 +50,29 @@ def time_calls(fn, calls):
     return (time.perf_counter() - t0) / calls
 
 
-def compare(fa, fb, rounds, calls):
+def compare(fa, fb, rounds, calls, slices=SLICES):
+    """Per-round ratios of a against b. A round alternates `slices` blocks of
+    calls/slices per side (the first side alternating), so that noise slower
+    than a block falls on both sides alike; Python's GC is off while timing."""
     ratios, ta, tb = [], [], []
+    per = max(1, calls // slices)
     for r in range(rounds):
-        if r % 2 == 0:
-            a = time_calls(fa, calls)
-            b = time_calls(fb, calls)
-        else:
-            b = time_calls(fb, calls)
-            a = time_calls(fa, calls)
+        gc.collect()
+        gc.disable()
+        try:
+            a = b = 0.0
+            for k in range(slices):
+                if (r + k) % 2 == 0:
+                    a += time_calls(fa, per)
+                    b += time_calls(fb, per)
+                else:
+                    b += time_calls(fb, per)
+                    a += time_calls(fa, per)
+        finally:
+            gc.enable()
         ratios.append(a / b)
-        ta.append(a)
-        tb.append(b)
+        ta.append(a / slices)
+        tb.append(b / slices)
     return statistics.median(ratios), statistics.median(ta), statistics.median(tb), ratios
 
 
