@@ -45,6 +45,8 @@ void release_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
+}  // namespace
+
 // The calling thread's recent native views, so that a tensor used again (a
 // weight, the result of the previous operator) does not get a new TensorImpl
 // per call: building one is the largest remaining cost of a small operator.
@@ -60,7 +62,7 @@ class ViewCache {
     const Entry& e = entries_[slot(flagos)];
     if (e.flagos != flagos || !e.native.defined()) return nullptr;
     const c10::TensorImpl* n = e.native.unsafeGetTensorImpl();
-    if (n->storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
+    if (n->unsafe_storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
         n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
         n->is_neg() != flagos->is_neg() || n->sizes() != flagos->sizes() ||
         n->strides() != flagos->strides()) {
@@ -87,12 +89,15 @@ class ViewCache {
   std::array<Entry, kSlots> entries_;
 };
 
-ViewCache& view_cache() {
+namespace {
+ViewCache* thread_view_cache() {
   thread_local ViewCache cache;
-  return cache;
+  return &cache;
 }
-
 }  // namespace
+
+NativeViews::NativeViews(bool reuse_views) noexcept
+    : cache_(reuse_views ? thread_view_cache() : nullptr) {}
 
 c10::DeviceType NativeViews::native_type() {
   static const c10::DeviceType type = native_key() == c10::DispatchKey::CPU
@@ -107,11 +112,11 @@ at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {
 
 at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (!flagos.defined()) return flagos;
-  c10::StorageImpl* fs = flagos.storage().unsafeGetStorageImpl();
-  c10::Storage* native = nullptr;
+  c10::StorageImpl* fs = flagos.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  c10::StorageImpl* native = nullptr;
   for (auto& p : storages_) {
     if (p.flagos == fs) {
-      native = &p.native;
+      native = p.native;
       break;
     }
   }
@@ -119,23 +124,28 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     // The storage's twin when it has a valid one (every storage flagos made),
     // else a native storage for this call alone.
     c10::StorageImpl* twin = FlagosStorage::twin_of(fs);
-    if (twin != nullptr && reuse_views_) {
-      if (const at::Tensor* cached = view_cache().find(flagos.unsafeGetTensorImpl(), twin)) {
-        storages_.push_back({fs, cached->storage(), fs->data_ptr().get()});
-        tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
-        return *cached;
+    if (twin != nullptr) {
+      if (cache_ != nullptr) {
+        if (const at::Tensor* cached = cache_->find(flagos.unsafeGetTensorImpl(), twin)) {
+          storages_.push_back({fs, twin, {}, fs->data_ptr().get()});
+          tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
+          return *cached;
+        }
       }
+      storages_.push_back({fs, twin, {}, fs->data_ptr().get()});
+    } else {
+      c10::Storage owned(runtime::make_native_twin(*fs));
+      c10::StorageImpl* raw = owned.unsafeGetStorageImpl();
+      storages_.push_back({fs, raw, std::move(owned), fs->data_ptr().get()});
     }
-    c10::Storage storage(twin != nullptr
-                             ? c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(twin)
-                             : runtime::make_native_twin(*fs));
-    storages_.push_back({fs, std::move(storage), fs->data_ptr().get()});
-    native = &storages_.back().native;
+    native = storages_.back().native;
   }
-  at::Tensor view = tensor_on(*native, native_key(), flagos);
+  at::Tensor view = tensor_on(
+      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(native)), native_key(),
+      flagos);
   tensors_.push_back({view, flagos.unsafeGetTensorImpl()});
-  if (reuse_views_ && FlagosStorage::twin_of(fs) == native->unsafeGetStorageImpl()) {
-    view_cache().put(flagos.unsafeGetTensorImpl(), view);
+  if (cache_ != nullptr && FlagosStorage::twin_of(fs) == native) {
+    cache_->put(flagos.unsafeGetTensorImpl(), view);
   }
   return view;
 }
@@ -144,7 +154,7 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
   c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
   for (auto& p : storages_) {
-    if (p.native.unsafeGetStorageImpl() != ns) continue;
+    if (p.native != ns) continue;
     if (ns->data_ptr().get() != p.original_data || ns->nbytes() != fs->nbytes()) {
       // The kernel grew the storage: its new memory came from the flagos
       // allocator (capturing scope), so it moves over without a copy, and the
@@ -183,7 +193,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
   for (auto& p : storages_) {
-    if (p.native.unsafeGetStorageImpl() == ns) {
+    if (p.native == ns) {
       return flagos_tensor_on(
           c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::
                            reclaim_copy(p.flagos)),
@@ -235,10 +245,10 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   at::Tensor result = flagos_tensor_on(std::move(flagos_storage), native);
   // The kernel's own result is a native view of the new flagos tensor: the
   // next operator that takes this result (usually the very next one) uses it.
-  if (reuse_views_ &&
+  if (cache_ != nullptr &&
       native.storage().unsafeGetStorageImpl() ==
           FlagosStorage::twin_of(result.storage().unsafeGetStorageImpl())) {
-    view_cache().put(result.unsafeGetTensorImpl(), native);
+    cache_->put(result.unsafeGetTensorImpl(), native);
   }
   return result;
 }

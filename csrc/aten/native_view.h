@@ -14,12 +14,14 @@
 
 namespace torch_fl::aten {
 
+class ViewCache;  // native_view.cpp
+
 class NativeViews {
  public:
   // `reuse_views`: take native views from, and give results to, the calling
   // thread's view cache (below). Only for native kernels: a view handed to
   // Python gains a Python object, which a cache must not keep.
-  explicit NativeViews(bool reuse_views = false) noexcept : reuse_views_(reuse_views) {}
+  explicit NativeViews(bool reuse_views = false) noexcept;
 
   // The device type native views are made of (kCPU for the host driver).
   static c10::DeviceType native_type();
@@ -42,7 +44,8 @@ class NativeViews {
  private:
   struct StoragePair {
     c10::StorageImpl* flagos;
-    c10::Storage native;
+    c10::StorageImpl* native;  // the twin, kept alive by the flagos storage, or `owned`
+    c10::Storage owned;        // a native storage made for this call alone
     void* original_data;
   };
   struct TensorPair {
@@ -52,7 +55,7 @@ class NativeViews {
     at::Tensor native;
     c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
   };
-  bool reuse_views_;
+  ViewCache* cache_;  // the calling thread's, when reusing views; else null
   c10::SmallVector<StoragePair, 4> storages_;
   c10::SmallVector<TensorPair, 4> tensors_;
   // Native storages of results already mapped to a flagos storage.

@@ -53,6 +53,10 @@ struct DevicePool {
   std::set<Block*, BlockLess> free_blocks;
   std::vector<Pending> pending;
   DeviceStats stats;
+  // Blocks labelled with another device type (the host driver's CPU views),
+  // found by address: c10's raw_allocate/raw_deallocate require the context
+  // of such a DataPtr to be the data pointer itself.
+  ska::flat_hash_map<void*, Block*> raw;
 };
 
 DevicePool& pool(c10::DeviceIndex device) {
@@ -125,10 +129,8 @@ void release_cache(DevicePool& p, c10::DeviceIndex device) {
   p.free_blocks.clear();
 }
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  auto& p = pool(b->device);
-  std::lock_guard<std::mutex> lock(p.mu);
+// Caller holds p.mu.
+void free_block_locked(DevicePool& p, Block* b) {
   for_pool(b->size, [&](size_t i) {
     p.stats.allocation[i].decrease(1);
     p.stats.active[i].decrease(1);
@@ -152,43 +154,38 @@ void free_block(void* ctx) {
   p.pending.push_back(std::move(pend));
 }
 
-// Allocations labelled with another device type (the host driver's CPU views)
-// must also work through c10's raw_allocate/raw_deallocate, which require the
-// context to be the data pointer itself. Their blocks are found by address.
-struct RawIndex {
-  std::mutex mu;
-  ska::flat_hash_map<void*, Block*> blocks;
-};
-
-RawIndex& raw_index() {
-  static auto* index = new RawIndex();  // leaked: frees run until exit
-  return *index;
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  auto& p = pool(b->device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  free_block_locked(p, b);
 }
 
-Block* take_raw(void* ptr) {
-  auto& index = raw_index();
-  std::lock_guard<std::mutex> lock(index.mu);
-  auto it = index.blocks.find(ptr);
-  if (it == index.blocks.end()) return nullptr;
-  Block* b = it->second;
-  index.blocks.erase(it);
-  return b;
+// Frees the raw-labelled block at `ptr`, if it is one of ours (one lock:
+// the pool's, which guards its index too).
+bool take_and_free_raw(void* ptr) noexcept {
+  const c10::DeviceIndex n = device_count();
+  for (c10::DeviceIndex d = 0; d < n; ++d) {
+    auto& p = pool(d);
+    std::lock_guard<std::mutex> lock(p.mu);
+    auto it = p.raw.find(ptr);
+    if (it == p.raw.end()) continue;
+    Block* b = it->second;
+    p.raw.erase(it);
+    free_block_locked(p, b);
+    return true;
+  }
+  return false;
 }
 
 void free_raw(void* ptr) {
-  Block* b = take_raw(ptr);
-  TORCH_INTERNAL_ASSERT(b != nullptr, "flagos: freeing an unknown pointer");
-  free_block(b);
+  const bool freed = take_and_free_raw(ptr);
+  TORCH_INTERNAL_ASSERT(freed, "flagos: freeing an unknown pointer");
 }
 
 }  // namespace
 
-bool free_if_owned(void* ptr) noexcept {
-  Block* b = take_raw(ptr);
-  if (b == nullptr) return false;
-  free_block(b);
-  return true;
-}
+bool free_if_owned(void* ptr) noexcept { return take_and_free_raw(ptr); }
 
 c10::DataPtr FlagosAllocator::allocate(size_t nbytes) {
   return allocate_on(current_device(), nbytes, kFlagos);
@@ -258,9 +255,7 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     p.stats.requested_bytes[i].increase(nbytes);
   });
   if (label != kFlagos) {
-    auto& index = raw_index();
-    std::lock_guard<std::mutex> raw_lock(index.mu);
-    index.blocks.emplace(b->ptr, b);
+    p.raw.emplace(b->ptr, b);
     return c10::DataPtr(b->ptr, b->ptr, &free_raw, dev);
   }
   return c10::DataPtr(b->ptr, b, &free_block, dev);

@@ -51,16 +51,6 @@ FlagosStorage::FlagosStorage(use_byte_size_t, c10::SymInt size_bytes, c10::DataP
   }
 }
 
-c10::StorageImpl* FlagosStorage::twin_of(c10::StorageImpl* storage) noexcept {
-  if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
-  c10::StorageImpl* twin = static_cast<FlagosStorage*>(storage)->twin_.get();
-  if (twin == nullptr || twin->data_ptr().get() != storage->data_ptr().get() ||
-      twin->nbytes() != storage->nbytes()) {
-    return nullptr;
-  }
-  return twin;
-}
-
 void FlagosStorage::point_twin() {
   twin_->set_data_ptr_noswap(c10::DataPtr(data_ptr().get(), native_device_of(*this)));
   twin_->set_nbytes(nbytes());

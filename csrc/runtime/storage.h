@@ -19,6 +19,8 @@
 //  - a twin never owns memory: the flagos storage frees it, so a twin must not
 //    outlive a kernel call in any object the caller keeps.
 
+#include <typeinfo>
+
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
 
@@ -33,8 +35,17 @@ class FlagosStorage final : public c10::StorageImpl {
                 c10::intrusive_ptr<c10::StorageImpl> twin = {});
 
   // The twin, or nullptr when `storage` is not a FlagosStorage or its memory
-  // changed without set_memory(). Cheap: a type check and two compares.
-  static c10::StorageImpl* twin_of(c10::StorageImpl* storage) noexcept;
+  // changed without set_memory(). Cheap: a type check and two compares (it
+  // runs for every tensor argument of every routed call).
+  static c10::StorageImpl* twin_of(c10::StorageImpl* storage) noexcept {
+    if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
+    c10::StorageImpl* twin = static_cast<FlagosStorage*>(storage)->twin_.get();
+    if (twin == nullptr || twin->data_ptr().get() != storage->data_ptr().get() ||
+        twin->sym_nbytes() != storage->sym_nbytes()) {
+      return nullptr;
+    }
+    return twin;
+  }
 
   // Replaces the memory (and size) of the storage and re-points the twin.
   void set_memory(c10::DataPtr data_ptr, size_t nbytes);
