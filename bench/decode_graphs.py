@@ -1,0 +1,236 @@
+"""Graphs and torch.compile on flagos against cuda: a Qwen3 decode step with a static
+KV cache (0.6B shape, random weights, bf16, batch 1).
+
+Rows (each one timed against ``cuda`` in the same process; CUDA's forward is
+untouched by torch_fl):
+- ``graph``: one decode step captured in a graph and replayed:
+  ``torch.cuda.graph`` on cuda tensors, ``torch.flagos.graph`` on flagos tensors
+  with every operator on CUDA's kernels (``* = cuda``) and with the default
+  routing (FlagGems where it serves an operator);
+- ``eager``: the same decode step run eagerly, for scale;
+- ``compile``: HF ``generate()`` with a static cache and the model's forward
+  under ``torch.compile(mode="reduce-overhead")``, tokens per second; and the
+  time of the first compiled generate (compilation included), per device.
+
+Method: warm-up, then R rounds; in each round every side runs its N steps (or
+one generate), the first side rotating; ratio = median of per-round ratios
+(cuda time / side time, so >1 means faster than cuda); an A/A row times cuda
+against itself.
+
+    PYTHONPATH=. python bench/decode_graphs.py [--size 0.6b] [--rounds 7] [--skip compile]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+
+def decode_step_fn(model, cache, device, batch):
+    """A static-cache decode step over fixed input tensors, and its inputs."""
+    import torch
+
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    pos = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step():
+        out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+        return out.logits
+
+    return step, ids, pos
+
+
+def build(size, device, prompt_len, max_len, batch):
+    import torch
+    from transformers import StaticCache
+
+    import qwen3_workload as wl
+
+    model = wl.build_model(size, torch.bfloat16, device, seed=0)
+    model.generation_config.pad_token_id = 0
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    prompt = wl.prompt_ids(model.config.vocab_size, batch, prompt_len, seed=0).to(device)
+    with torch.no_grad():  # prefill: fills the cache to prompt_len
+        model(input_ids=prompt, past_key_values=cache,
+              cache_position=torch.arange(prompt_len, device=device), use_cache=True)
+    return model, cache
+
+
+def sync(device):
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    else:
+        torch.flagos.synchronize()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="0.6b")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--steps", type=int, default=50, help="decode steps per timed block")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per compiled generate")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--skip", choices=("graph", "eager", "compile", "flaggems"), action="append",
+                   default=[])
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipped: no GPU (torch.cuda.is_available() is False)")
+        return 0
+    import torch_fl
+
+    if torch_fl.driver() != "cuda":
+        print(f"skipped: torch_fl runs the {torch_fl.driver()!r} driver, not 'cuda'")
+        return 0
+    max_len = a.prompt_len + max(a.steps, a.new_tokens) + 8
+    routes = {"flagos all-cuda": "cuda", "flagos": ""}
+    if "flaggems" in a.skip or not torch_fl.is_flaggems_enabled():
+        routes.pop("flagos")
+    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "args": vars(a), "flaggems": torch_fl.is_flaggems_enabled()}}
+    med = statistics.median
+
+    def compare(times):
+        out = {}
+        for side, ts in times.items():
+            ratios = [c / t for c, t in zip(times["cuda"], ts)]
+            out[side] = {"us_per_step": med(ts) * 1e6, "vs_cuda": med(ratios), "per_round": ratios}
+        return out
+
+    # ---- graph and eager decode steps --------------------------------------------
+    if "graph" not in a.skip or "eager" not in a.skip:
+        models = {"cuda": build(a.size, "cuda", a.prompt_len, max_len, a.batch),
+                  "flagos": build(a.size, "flagos", a.prompt_len, max_len, a.batch)}
+        sides = {"cuda": ("cuda", None), "cuda (A/A)": ("cuda", None)}
+        sides.update({k: ("flagos", v) for k, v in routes.items()})
+        steps, graphs, outs = {}, {}, {}
+        for side, (key, route) in sides.items():
+            model, cache = models[key]
+            dev = key
+            fn, ids, pos = decode_step_fn(model, cache, dev, a.batch)
+            pos.fill_(a.prompt_len)
+            if route is not None:
+                torch_fl.routing.set_route("*", route)
+            with torch.no_grad():
+                for _ in range(3):
+                    fn()  # warm-up: kernels compiled, caches filled
+                sync(dev)
+                g = torch.cuda.CUDAGraph() if dev == "cuda" else torch.flagos.FlagosGraph()
+                s = torch.cuda.Stream() if dev == "cuda" else torch.flagos.Stream()
+                s.wait_stream(torch.cuda.current_stream() if dev == "cuda" else torch.flagos.current_stream())
+                ctx = torch.cuda.stream(s) if dev == "cuda" else torch.flagos.stream(s)
+                with ctx:
+                    fn()
+                sync(dev)
+                graph_ctx = torch.cuda.graph(g) if dev == "cuda" else torch.flagos.graph(g)
+                with graph_ctx:
+                    out = fn()
+                eager_out = fn()
+                g.replay()
+                sync(dev)
+                outs[side] = (out.float().cpu(), eager_out.float().cpu())
+            steps[side], graphs[side] = (fn, route), (g, route)
+
+        def timed(side, kind):
+            key, _ = sides[side]
+            fn, route = steps[side]
+            if route is not None:
+                torch_fl.routing.set_route("*", route)
+            g = graphs[side][0]
+            with torch.no_grad():
+                sync(key)
+                t0 = time.perf_counter()
+                for _ in range(a.steps):
+                    g.replay() if kind == "graph" else fn()
+                sync(key)
+            return (time.perf_counter() - t0) / a.steps
+
+        for kind in ("graph", "eager"):
+            if kind in a.skip:
+                continue
+            times = {s: [] for s in sides}
+            names = list(sides)
+            for r in range(a.rounds):
+                for side in names[r % len(names):] + names[:r % len(names)]:
+                    times[side].append(timed(side, kind))
+            res[kind] = compare(times)
+        res["graph_equals_eager"] = {s: bool(torch.equal(o[0], o[1])) for s, o in outs.items()}
+        res["equal_to_cuda"] = {s: bool(torch.equal(o[0], outs["cuda"][0])) for s, o in outs.items()}
+        torch_fl.routing.set_route("*", "")
+        del models, steps, graphs
+
+    # ---- torch.compile(mode="reduce-overhead") generate ------------------------------
+    if "compile" not in a.skip:
+        import torch._dynamo
+
+        import qwen3_workload as wl
+
+        comp = {}
+        for side, (dev, route) in {"cuda": ("cuda", None), "flagos all-cuda": ("flagos", "cuda")}.items():
+            torch._dynamo.reset()
+            if route is not None:
+                torch_fl.routing.set_route("*", route)
+            model = wl.build_model(a.size, torch.bfloat16, dev, seed=0)
+            model.generation_config.pad_token_id = 0
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            ids = wl.prompt_ids(model.config.vocab_size, a.batch, a.prompt_len, seed=0).to(dev)
+
+            def gen():
+                with torch.no_grad():
+                    sync(dev)
+                    t0 = time.perf_counter()
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                         max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
+                                         do_sample=False, cache_implementation="static")
+                    sync(dev)
+                    return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
+
+            toks, first = gen()
+            times = [gen()[1] for _ in range(a.rounds)]
+            comp[side] = {"first_generate_s": first, "tok_s": a.batch * a.new_tokens / med(times),
+                          "times": times, "tokens": toks}
+            torch_fl.routing.set_route("*", "")
+            del model
+        base = comp["cuda"]
+        res["compile"] = {s: {"first_generate_s": c["first_generate_s"], "tok_s": c["tok_s"],
+                              "vs_cuda": c["tok_s"] / base["tok_s"],
+                              "first_vs_cuda": c["first_generate_s"] / base["first_generate_s"],
+                              "tokens_equal_cuda": bool(torch.equal(c["tokens"], base["tokens"]))}
+                          for s, c in comp.items()}
+
+    print(f"Qwen3 {a.size} decode, bf16, batch {a.batch}, {res['meta']['gpu']}, torch {torch.__version__}")
+    for kind in ("graph", "eager"):
+        if kind in res:
+            print(f"{kind} decode step ({a.steps} steps x {a.rounds} rounds; x cuda: >1 is faster)")
+            for side, r in res[kind].items():
+                print(f"  {side:<16} {r['us_per_step']:>9.1f} us/step  x cuda {r['vs_cuda']:5.3f}  per round "
+                      + " ".join(f"{x:.3f}" for x in r["per_round"]))
+    if "graph_equals_eager" in res:
+        print(f"  replay == eager: {res['graph_equals_eager']}; logits == cuda's: {res['equal_to_cuda']}")
+    if "compile" in res:
+        print(f"torch.compile(mode='reduce-overhead') generate, {a.new_tokens} tokens, static cache")
+        for side, r in res["compile"].items():
+            print(f"  {side:<16} {r['tok_s']:>9.1f} tok/s  x cuda {r['vs_cuda']:5.3f}  first generate "
+                  f"{r['first_generate_s']:.1f} s (x cuda {r['first_vs_cuda']:.2f})  tokens == cuda: "
+                  f"{r['tokens_equal_cuda']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
