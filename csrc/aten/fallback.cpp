@@ -21,6 +21,7 @@
 
 #include <torch/library.h>
 
+#include "aten/call_observer.h"
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
@@ -40,6 +41,8 @@ using routing::Backend;
               "Route it to a backend that serves it (torch_fl.routing.table() "
               "shows the routes) or allow the fallback.");
 }
+
+}  // namespace
 
 // FlagGems (5.0.2) kernels assert a dimension or divide by a size, so they
 // raise or compute garbage on 0-dim and empty tensors, most have no complex
@@ -72,8 +75,6 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return false;
 }
 
-}  // namespace
-
 // Hot path: a cached plan lookup, two relaxed atomic loads to check the
 // route, a counter, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
@@ -98,6 +99,16 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
     const uint8_t bit = uint8_t(1) << static_cast<int>(backend);
     if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, backend);
   }
+  // One relaxed load when no observer (verification, tuning, profiling) is on.
+  if (C10_UNLIKELY(observing())) {
+    observe_call(op, plan, backend, stack);
+    return;
+  }
+  run_provider(op, plan, backend, stack);
+}
+
+void run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
+                  torch::jit::Stack* stack, int64_t python_kernel) {
   switch (backend) {
     case Backend::kCpu:
       // On the host driver the CPU is the native device: zero-copy.
@@ -112,7 +123,7 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
       run_native(op, plan, stack);
       return;
     case Backend::kFlagGems:
-      run_python(op, plan, stack);
+      run_python(op, plan, stack, python_kernel);
       return;
     default:
       TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),

@@ -3,6 +3,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include "aten/op_plan.h"
+
 namespace torch_fl::aten {
 
 // Registers the boxed routing kernel directly for the structured operators
@@ -20,6 +22,18 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet key
 // active driver's native device has kernels for. Called once, with the
 // driver selected, before register_direct_routes().
 void register_unboxed_routes();
+
+// Runs a call on `backend`'s provider, with no routing, counting or
+// observing: what the boxed routing kernel does last, and what verification
+// and tuning use to run a call on a backend of their choice.
+// `python_kernel`: the flaggems kernel to call; -1 means the plan's.
+void run_provider(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
+                  torch::jit::Stack* stack, int64_t python_kernel = -1);
+
+// Whether FlagGems cannot serve this call's arguments (0-dim, empty or complex
+// tensors, an explicit generator), so that a flaggems route runs it on
+// `native`. `stack` ends with the call's arguments.
+bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack);
 
 // Runs `op` through the routing path, as if it had reached the fallback.
 void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack);

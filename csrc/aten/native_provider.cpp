@@ -149,8 +149,8 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 }
 
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
-                torch::jit::Stack* stack) {
-  const int64_t kernel = plan.python_kernel.load(std::memory_order_relaxed);
+                torch::jit::Stack* stack, int64_t kernel) {
+  if (kernel < 0) kernel = plan.python_kernel.load(std::memory_order_relaxed);
   with_native_views(op, plan, stack, /*python_kernel=*/true,
                     [&] { invoke_python_kernel(kernel, op, stack); });
 }

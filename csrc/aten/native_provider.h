@@ -20,8 +20,9 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 // The `flaggems` provider: the operator's Python kernel (registered by the
 // Python layer, see python_provider.h) runs on native views, exactly like a
 // native kernel would, so it sees CUDA tensors on the current CUDA stream.
+// `kernel`: the Python kernel to call; -1 means the plan's.
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
-                torch::jit::Stack* stack);
+                torch::jit::Stack* stack, int64_t kernel = -1);
 
 // The `cpu` provider for drivers whose memory is not host memory: arguments
 // are copied to the CPU, PyTorch's CPU kernel runs, written arguments are

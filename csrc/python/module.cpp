@@ -26,6 +26,9 @@
 namespace py = pybind11;
 
 namespace torch_fl::python {
+
+void bind_observers(py::module_& m);  // observers.cpp
+
 namespace {
 
 using runtime::device_allocator;
@@ -301,4 +304,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_initialized", [] { return runtime::is_initialized(); });
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
   python::init_distributed(m);
+  python::bind_observers(m);
 }

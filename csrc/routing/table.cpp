@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "aten/python_provider.h"
+#include "aten/shadow_verify.h"
 #include "hal/env.h"
 #include "runtime/device.h"
 
@@ -117,8 +118,11 @@ bool available(Backend b) {
       return true;
     case Backend::kCuda:
       return !is_host();
-    case Backend::kFlagGems:  // Python kernels registered by torch_fl.flaggems
-      return !is_host() && aten::has_python_kernels();
+    case Backend::kFlagGems:
+      // Python kernels: torch_fl.flaggems registers FlagGems' on the cuda
+      // driver; on the host driver only tests register any (a deliberately
+      // wrong kernel that verification must catch, tests/python/test_verify.py).
+      return aten::has_python_kernels();
     case Backend::kMetax:
     case Backend::kAscend:
       return false;
@@ -151,7 +155,8 @@ std::string available_list() {
   return s;
 }
 
-// Whether `b` has a kernel for `op` (the driver's native dispatch key).
+}  // namespace
+
 bool serves(Backend b, const c10::OperatorHandle& op) {
   if (!available(b)) return false;
   switch (b) {
@@ -167,6 +172,8 @@ bool serves(Backend b, const c10::OperatorHandle& op) {
       return false;
   }
 }
+
+namespace {
 
 // Problems of one chain on this driver, or "" when some backend is usable.
 std::string chain_problem(const std::vector<Backend>& chain) {
@@ -320,6 +327,36 @@ std::vector<std::string> load(const std::string& default_path) {
                          "' is not valid: use warn (the default), allow or error");
   }
   bool log = parse_flag("FLAGOS_LOG_DISPATCH", false, &problems);
+  aten::VerifyMode verify = aten::VerifyMode::kOff;
+  if (auto v = hal::env_value("FLAGOS_VERIFY")) {
+    if (*v == "0") verify = aten::VerifyMode::kOff;
+    else if (*v == "1") verify = aten::VerifyMode::kReport;
+    else if (*v == "error") verify = aten::VerifyMode::kError;
+    else
+      problems.push_back("FLAGOS_VERIFY='" + printable(*v) +
+                         "' is not valid: use 1 (compare every routed call with the reference "
+                         "backend and report divergences at exit), error (raise at the first "
+                         "divergence) or 0 (off, the default)");
+  }
+  // Written by the Python layer at exit (torch_fl.tuning, torch_fl.report):
+  // checked here so that a bad path is reported with the rest, at import.
+  if (auto dir = hal::env_value("FLAGOS_TUNE")) {
+    std::error_code ec;
+    if (dir->empty() || !std::filesystem::is_directory(*dir, ec))
+      problems.push_back("FLAGOS_TUNE='" + printable(*dir) +
+                         "' is not a directory: name an existing directory for the tuning "
+                         "data (python -m torch_fl tune sets it)");
+  }
+  if (auto path = hal::env_value("FLAGOS_REPORT")) {
+    std::error_code ec;
+    std::filesystem::path p(*path);
+    std::filesystem::path parent = p.parent_path().empty() ? "." : p.parent_path();
+    if (path->empty() || !std::filesystem::is_directory(parent, ec) ||
+        std::filesystem::is_directory(p, ec))
+      problems.push_back("FLAGOS_REPORT='" + printable(*path) +
+                         "' cannot be written: name a file (e.g. run.json) in an existing "
+                         "directory");
+  }
   // Stub-only mode (spec): no Python-registered provider; checked here so a
   // bad value is reported with the rest. The flaggems provider reads it.
   parse_flag("FLAGOS_DISABLE_FLAGGEMS_PY", false, &problems);
@@ -398,6 +435,7 @@ std::vector<std::string> load(const std::string& default_path) {
     s.log = log_file ? log_file : stderr;
   }
   g_policy.store(policy);
+  aten::set_env_verify_mode(verify);
   if (g_log.exchange(log) != log) {
     if (log) add_boxed_only_reason(); else remove_boxed_only_reason();
   }

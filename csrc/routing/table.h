@@ -65,6 +65,8 @@ void reset_stats();
 
 // Which backends this driver provides ("cpu, native" on the host driver).
 std::vector<Backend> available_backends();
+// Whether `b` is available here and has a kernel for `op`.
+bool serves(Backend b, const c10::OperatorHandle& op);
 
 // Dispatch-log and fallback-policy state, read on the hot path.
 bool log_enabled() noexcept;

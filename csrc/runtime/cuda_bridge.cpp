@@ -8,8 +8,10 @@
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/PinnedMemoryAllocator.h>
+#include <ATen/cuda/Sleep.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -144,6 +146,12 @@ at::Generator new_generator(DeviceIndex device) {
   return at::cuda::detail::createCUDAGenerator(device);
 }
 
+void spin(int64_t cycles) { at::cuda::sleep(cycles); }
+
+bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
 }  // namespace cuda
 #else  // !FLAGOS_WITH_CUDA: never called (uses_cuda() is false), but linked.
 namespace cuda {
@@ -167,6 +175,8 @@ c10::Allocator* pinned_allocator() { no_cuda(); }
 bool is_pinned(const void*) { return false; }
 const at::Generator& default_generator(c10::DeviceIndex) { no_cuda(); }
 at::Generator new_generator(c10::DeviceIndex) { no_cuda(); }
+void spin(int64_t) { no_cuda(); }
+bool capturing() { return false; }
 }  // namespace cuda
 #endif  // FLAGOS_WITH_CUDA
 

@@ -49,6 +49,13 @@ hal::StreamHandle current_stream_handle(c10::DeviceIndex device);
 c10::Allocator* pinned_allocator();
 bool is_pinned(const void* ptr);
 
+// Enqueues a kernel that spins for `cycles` GPU clock cycles on the current
+// stream: timing code holds the stream with it while it queues the calls it
+// times, so that events measure the calls back to back, without host gaps.
+void spin(int64_t cycles);
+// Whether the current stream is capturing a CUDA graph (nothing may sync).
+bool capturing();
+
 // CUDA's default generator of a device, and a new one.
 const at::Generator& default_generator(c10::DeviceIndex device);
 at::Generator new_generator(c10::DeviceIndex device);

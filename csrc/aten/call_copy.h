@@ -1,0 +1,55 @@
+#pragma once
+
+// Copies of one operator call's arguments, for observers that run a call
+// again (shadow verification, tuning) without touching the workload's
+// tensors. A copy is made below the routing path (allocator and driver
+// copies only), so nothing is routed or counted.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include "aten/op_plan.h"
+
+namespace torch_fl::aten {
+
+// Where the copies of flagos tensors live.
+enum class CopyTarget {
+  kFlagos,  // flagos tensors: any backend's provider can run on them
+  kNative,  // tensors of the native device (CPU on the host driver, CUDA on
+            // the cuda driver): the reference kernels run on them directly
+};
+
+// The call's arguments (`args[0 .. plan.num_arguments)`), with every flagos
+// tensor copied: sizes, strides, offsets and conj/neg bits are kept, and
+// tensors that share a storage get copies that share one new storage, so
+// aliasing (an in-place op whose inputs overlap, out= one of the inputs) is
+// kept too. Other tensors (a CPU scalar) are shared, not copied. For
+// kNative, flagos Device arguments become the native device.
+std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* args,
+                                        CopyTarget target);
+
+// The tensors the schema marks as written (`(a!)`), in argument order
+// (elements of written tensor lists included).
+std::vector<at::Tensor> written_tensors(const OpPlan& plan, const c10::IValue* args);
+
+// Names for written_tensors(), in the same order: "argument 'out'",
+// "argument 'self'[2]" for an element of a list.
+std::vector<std::string> written_labels(const OpPlan& plan, const c10::IValue* args);
+
+// The bytes of flagos memory the call's tensor arguments span (what a copy
+// of its arguments costs).
+size_t argument_bytes(const OpPlan& plan, const c10::IValue* args);
+
+// The flagos device of the call: its first flagos tensor's or Device
+// argument's, else the current device.
+c10::DeviceIndex call_device(const OpPlan& plan, const c10::IValue* args);
+
+// Whether the operator draws random numbers (a Generator argument, or the
+// nondeterministic_seeded tag): running it twice would move the workload's
+// random stream, and its results cannot be compared with another kernel's.
+bool is_random(const c10::OperatorHandle& op, const OpPlan& plan);
+
+}  // namespace torch_fl::aten
