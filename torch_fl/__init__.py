@@ -41,6 +41,25 @@ routing.reload()
 _compile.install()
 distributed.register()
 
+from . import verify  # noqa: E402
+from . import tuning  # noqa: E402
+from . import report  # noqa: E402
+
+# Observers the environment turns on (docs/tuning.md); routing.reload()
+# validated the variables. Each writes or prints its results at exit.
+if not getattr(_C, "_observers_started", False):
+    _C._observers_started = True
+    import os as _os
+
+    if _os.environ.get("FLAGOS_VERIFY", "0") != "0":
+        import atexit as _atexit
+
+        _atexit.register(verify._report_at_exit)
+    if _os.environ.get("FLAGOS_TUNE"):
+        tuning._start_from_env()
+    if _os.environ.get("FLAGOS_REPORT"):
+        report._start_from_env()
+
 __version__ = "0.1.0"
 
 
@@ -86,4 +105,5 @@ def driver() -> str:
     return _C._driver_name()
 
 
-__all__ = ["flagos", "flaggems", "routing", "distributed", "is_flaggems_enabled", "get_registered_ops", "driver"]
+__all__ = ["flagos", "flaggems", "routing", "distributed", "verify", "tuning", "report",
+           "is_flaggems_enabled", "get_registered_ops", "driver"]

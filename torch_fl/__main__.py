@@ -3,6 +3,8 @@
     python -m torch_fl info
     python -m torch_fl routes [--op NAME]
     python -m torch_fl check-config FILE
+    python -m torch_fl tune [--out backends.conf] [--data tune-data.json] [--verify] -- CMD...
+    python -m torch_fl report [--from tune-data.json] [--out report.html|report.md]
 """
 
 import argparse
@@ -55,6 +57,30 @@ def _check_config(path) -> int:
     return 1 if problems else 0
 
 
+def _tune(a) -> int:
+    import os
+
+    from torch_fl import tuning
+
+    command = list(a.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    data = a.data or os.path.join(os.path.dirname(a.out), "tune-data.json")
+    return tuning.run_cli(command, a.out, data, a.verify, a.budget_ms, a.max_iters)
+
+
+def _report(a) -> int:
+    from torch_fl import report
+
+    try:
+        out = report.build(a.source, a.out)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_fl", description="torch_fl tools")
     sub = parser.add_subparsers(dest="cmd")
@@ -63,11 +89,36 @@ def main(argv=None) -> int:
     routes.add_argument("--op", help="only this operator (name or name.overload)")
     check = sub.add_parser("check-config", help="validate a routing config file")
     check.add_argument("file")
+    tune = sub.add_parser(
+        "tune", help="route each operator to its fastest correct backend, measured on a workload",
+        description="Runs the workload once with every routed call recorded; the first call of "
+                    "each signature is measured on every backend of this driver and checked "
+                    "against the reference kernels; writes a backends.conf with the evidence.")
+    tune.add_argument("--out", default="backends.conf", help="the config to write (backends.conf)")
+    tune.add_argument("--data", help="the measurements, for `report` (default: tune-data.json "
+                                     "beside --out)")
+    tune.add_argument("--verify", action="store_true",
+                      help="also shadow-verify every call (FLAGOS_VERIFY=1); a backend whose "
+                           "calls diverge is not chosen")
+    tune.add_argument("--budget-ms", type=float, default=10.0,
+                      help="timing budget per signature and backend (default 10)")
+    tune.add_argument("--max-iters", type=int, default=100,
+                      help="calls per timed batch, at most (default 100)")
+    tune.add_argument("command", nargs=argparse.REMAINDER,
+                      help="-- then the workload's command line, e.g. -- python train.py")
+    rep = sub.add_parser("report", help="an HTML or Markdown routing report with a plot")
+    rep.add_argument("--from", dest="source", default="tune-data.json",
+                     help="a data file: tune's (tune-data.json) or FLAGOS_REPORT's")
+    rep.add_argument("--out", default="report.html", help="report.html or report.md")
     args = parser.parse_args(argv)
     if args.cmd in (None, "info"):
         return _info()
     if args.cmd == "routes":
         return _routes(args.op)
+    if args.cmd == "tune":
+        return _tune(args)
+    if args.cmd == "report":
+        return _report(args)
     return _check_config(args.file)
 
 
