@@ -224,11 +224,18 @@ c10::DeviceIndex call_device(const OpPlan& plan, const c10::IValue* args) {
   return runtime::current_device();
 }
 
-bool is_random(const c10::OperatorHandle& op, const OpPlan& plan) {
+bool is_random(const c10::OperatorHandle& op, const OpPlan& plan, const c10::IValue* args) {
   for (const ArgSlot& slot : plan.slots) {
     if (slot.kind == ArgKind::kGenerator) return true;
   }
-  return op.hasTag(at::Tag::nondeterministic_seeded);
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const auto& schema_args = plan.schema->arguments();
+  for (size_t i = 0; i < schema_args.size(); ++i) {
+    if (schema_args[i].name() == "dropout_p" && args[i].isDouble()) {
+      return args[i].toDouble() != 0.0;
+    }
+  }
+  return true;
 }
 
 }  // namespace torch_fl::aten

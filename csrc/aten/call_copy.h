@@ -47,9 +47,11 @@ size_t argument_bytes(const OpPlan& plan, const c10::IValue* args);
 // argument's, else the current device.
 c10::DeviceIndex call_device(const OpPlan& plan, const c10::IValue* args);
 
-// Whether the operator draws random numbers (a Generator argument, or the
-// nondeterministic_seeded tag): running it twice would move the workload's
-// random stream, and its results cannot be compared with another kernel's.
-bool is_random(const c10::OperatorHandle& op, const OpPlan& plan);
+// Whether this call draws random numbers (the operator has a Generator
+// argument, or the nondeterministic_seeded tag): running it twice would move
+// the workload's random stream, and its results cannot be compared with
+// another kernel's. A tagged operator called with dropout_p=0 (attention
+// kernels at inference) draws nothing.
+bool is_random(const c10::OperatorHandle& op, const OpPlan& plan, const c10::IValue* args);
 
 }  // namespace torch_fl::aten

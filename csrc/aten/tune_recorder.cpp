@@ -217,7 +217,7 @@ std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPla
     rec.input_bytes = argument_bytes(plan, args);
     if (plan.name.rfind("aten::", 0) != 0) {
       rec.skipped = "not an aten operator: never run twice (it may be a collective)";
-    } else if (is_random(op, plan)) {
+    } else if (is_random(op, plan, args)) {
       rec.skipped = "random operator: a second run would move the workload's random stream";
     } else if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
       rec.skipped = "CPU fallback: no backend of this driver serves it";
