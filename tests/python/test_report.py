@@ -1,0 +1,97 @@
+"""The routing report: FLAGOS_REPORT data, tune data, HTML and Markdown with the plot."""
+
+import base64
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import torch_fl
+
+DEV = "flagos"
+
+# A run with a CPU fallback (tanh routed to cuda, which the host driver lacks),
+# a deliberately wrong kernel caught by verification (sigmoid), and host times.
+RUN = """
+import torch, torch_fl
+from torch_fl import _C
+_C._register_python_kernel('sigmoid', lambda x: torch.sigmoid(x) * 2)
+torch_fl.routing.reload()
+x = torch.randn(32, 32, device='flagos')
+for _ in range(3):
+    y = torch.tanh(x @ x).sigmoid().sum()
+print(float(y))
+"""
+
+
+def _png_of(text: str) -> bytes:
+    m = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", text)
+    assert m, "no embedded PNG"
+    png = base64.b64decode(m.group(1))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    return png
+
+
+@pytest.mark.host_only
+def test_report_of_a_run_shows_fallbacks_verification_and_times(tmp_path, run_py):
+    data = tmp_path / "run.json"
+    rc, out, err = run_py(RUN, env={"FLAGOS_REPORT": str(data), "FLAGOS_VERIFY": "1",
+                                    "FLAGOS_OP_tanh": "cuda", "FLAGOS_CONFIG_STRICT": "0",
+                                    "FLAGOS_CPU_FALLBACK": "allow"})
+    assert rc == 0, err
+    d = json.loads(data.read_text())
+    assert d["kind"] == "run" and d["profile"] and d["verify"]["records"]
+    assert {s["op"]: s["cpu_fallbacks"] for s in d["stats"]}["aten::tanh"] == 3
+    html_path = torch_fl.report.build(str(data), str(tmp_path / "r.html"))
+    md_path = torch_fl.report.build(str(data), str(tmp_path / "r.md"))
+    html = open(html_path).read()
+    md = open(md_path).read()
+    for text in (html, md):
+        _png_of(text)
+        assert "CPU fallbacks" in text and "tanh: 3 calls" in text
+        assert "Diverging operators" in text and "DIVERGES on flaggems: 3/3 calls" in text
+        assert "mm" in text and "host, total" in text
+    assert html.startswith("<!DOCTYPE html>") and "<table>" in html
+    assert md.startswith("# torch_fl routing report") and "| operator |" in md
+
+
+@pytest.mark.host_only
+def test_report_of_tune_data_shows_chosen_routes(tmp_path, run_py):
+    a = torch.randn(16, 16, device=DEV)
+    with torch_fl.tuning.tune(budget_ms=0.5) as t:
+        (a @ a).relu().sum()
+    data = tmp_path / "tune-data.json"
+    t.save(str(data))
+    out = tmp_path / "report.md"
+    rc, stdout, err = run_py("import sys; from torch_fl.__main__ import main; "
+                             f"sys.exit(main(['report', '--from', {str(data)!r}, '--out', "
+                             f"{str(out)!r}]))")
+    assert rc == 0, err
+    text = out.read_text()
+    _png_of(text)
+    assert "(tuning)" in text and "tuning, per call" in text and "the same zero-copy CPU kernels" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| mm |"))
+    assert "native" in row and "us/call" in row
+
+
+def test_report_errors(tmp_path, run_py):
+    rc, out, err = run_py("import sys; from torch_fl.__main__ import main; "
+                          f"sys.exit(main(['report', '--from', {str(tmp_path / 'none.json')!r}]))")
+    assert rc == 1 and "no data file" in err and "FLAGOS_REPORT" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="not a torch_fl data file"):
+        torch_fl.report.build(str(bad), str(tmp_path / "r.html"))
+    with pytest.raises(ValueError, match="name it .html or .md"):
+        torch_fl.report.build(torch_fl.report.collect(), str(tmp_path / "r.pdf"))
+    # Without matplotlib: a clear message naming the package and the pinned version.
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "import torch_fl\n"
+            f"torch_fl.report.build(torch_fl.report.collect(), {str(tmp_path / 'r.html')!r})")
+    rc, out, err = run_py(code)
+    assert rc != 0 and "needs matplotlib" in err and "pip install matplotlib==3.10.9" in err
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_REPORT": str(tmp_path / "no" / "x.json")})
+    assert rc != 0 and "FLAGOS_REPORT=" in err and "cannot be written" in err
+    assert not os.path.exists(tmp_path / "r.html")

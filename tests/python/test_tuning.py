@@ -1,0 +1,285 @@
+"""Tuning: torch_fl.tuning.tune() and `python -m torch_fl tune`.
+
+Host driver (CI): the only backends are cpu and native, the same CPU kernels,
+so the choices that matter are made between them and Python kernels the tests
+register for the flaggems backend: a fast correct one, a fast wrong one and a
+slow correct one. The Qwen3 tests tune a tiny random-weight model end to end.
+GPU tests (marked cuda / flaggems) tune with FlagGems and CUDA available.
+"""
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+import torch_fl
+from torch_fl import _C
+
+from conftest import PyProcess, start_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKLOAD = os.path.join(ROOT, "examples", "qwen3_workload.py")
+DEV = "flagos"
+
+
+@contextlib.contextmanager
+def python_kernels(kernels: dict):
+    """Installs Python kernels (op name -> callable) for the flaggems backend."""
+    try:
+        for op, fn in kernels.items():
+            assert _C._register_python_kernel(op, fn), op
+        torch_fl.routing.reload()
+        yield
+    finally:
+        _C._clear_python_kernels()
+        torch_fl.routing.reload()
+        for op in kernels:
+            torch_fl.routing.set_route(op, "")
+
+
+@pytest.mark.host_only
+def test_tune_picks_the_fastest_correct_backend(tmp_path):
+    x = torch.rand(1 << 16) * 5 + 0.1
+    lgamma_x = torch.lgamma(x)
+
+    def fast_lgamma(t):  # correct for this workload's input, and far faster than the kernel
+        return lgamma_x.clone()
+
+    def fast_wrong_digamma(t):
+        return t.clone()
+
+    def slow_sigmoid(t):
+        time.sleep(0.003)
+        return torch.sigmoid(t)
+
+    xd = x.to(DEV)
+    # One intra-op thread: on a loaded CI machine, waking pool threads costs
+    # whole scheduler slices, which would swamp the kernels' time.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with python_kernels({"lgamma": fast_lgamma, "digamma": fast_wrong_digamma,
+                             "sigmoid": slow_sigmoid}):
+            torch_fl.routing.set_route("lgamma", "native")
+            with torch_fl.tuning.tune(budget_ms=3) as t:
+                a = torch.lgamma(xd)
+                b = torch.digamma(xd)
+                c = torch.sigmoid(xd)
+            conf = tmp_path / "tuned.conf"
+            text = t.write_config(str(conf))
+            assert torch_fl.routing.check_config(str(conf)) == []
+    finally:
+        torch.set_num_threads(threads)
+    # The workload ran on its routes while tuning: native lgamma, the wrong digamma.
+    torch.testing.assert_close(a.cpu(), lgamma_x)
+    torch.testing.assert_close(b.cpu(), x)
+    torch.testing.assert_close(c.cpu(), torch.sigmoid(x))
+
+    d = {x.name: x for x in t.decisions}
+    assert (d["lgamma"].chosen, d["lgamma"].current) == ("flaggems", "native"), d["lgamma"]
+    assert d["lgamma"].per_call_us["flaggems"] < d["lgamma"].per_call_us["native"]
+    assert d["digamma"].chosen == "native"
+    assert d["digamma"].rejected["flaggems"].startswith("wrong on digamma(f32[65536])")
+    assert d["digamma"].per_call_us.get("flaggems") is None
+    assert (d["sigmoid"].chosen, d["sigmoid"].current) == ("native", "flaggems")
+    assert d["sigmoid"].per_call_us["flaggems"] > 3000
+    lines = {ln.split("=")[0].strip(): ln for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert lines["lgamma"].startswith("lgamma = flaggems") and "was native" in lines["lgamma"]
+    assert "1 calls, 1 signature(s); per call: flaggems" in lines["lgamma"]
+    assert "flaggems rejected: wrong on digamma(f32[65536])" in lines["digamma"]
+    assert lines["sigmoid"].startswith("sigmoid = native")
+
+
+@pytest.mark.host_only
+def test_tuning_does_not_disturb_rng_or_results():
+    def work():
+        torch.manual_seed(7)
+        a = torch.randn(64, 32, device=DEV)
+        d = torch.nn.functional.dropout(a, 0.5, training=True)
+        b = (a @ a.T).softmax(-1)
+        a.add_(b.sum(0)[:32])
+        return a.cpu(), b.cpu(), d.cpu(), torch.rand(5, device=DEV).cpu(), torch.rand(3)
+
+    want = work()
+    with torch_fl.tuning.tune(budget_ms=1) as t:
+        got = work()
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    sigs = t.data["signatures"]
+    assert any(s["op"] == "aten::mm" and s["results"] for s in sigs)
+    random = [s for s in sigs if s["skipped"].startswith("random")]
+    assert random and all(not s["results"] for s in random)
+    assert not _C._tuning()
+    with pytest.raises(RuntimeError, match="already on"):
+        with torch_fl.tuning.tune(), torch_fl.tuning.tune():
+            pass
+    assert not _C._tuning()
+
+
+@pytest.mark.host_only
+def test_signature_records_shapes_dtypes_strides_and_scalars():
+    a = torch.randn(4, 6, device=DEV)
+    with torch_fl.tuning.tune(budget_ms=0.5) as t:
+        torch.add(a, a.T.T, alpha=2)
+        a.T.softmax(-1)
+        a.to(torch.bfloat16).sum(1, keepdim=True)
+        torch.add(a, a, alpha=2)
+    sigs = {s["signature"]: s for s in t.data["signatures"]}
+    assert sigs["add.Tensor(f32[4, 6], f32[4, 6], alpha=2)"]["calls"] == 2
+    assert "_softmax(f32[6, 4]{1, 6}, dim=-1, half_to_float=False)" in sigs
+    assert any(s.startswith("sum.dim_IntList(bf16[4, 6], dim=[1], keepdim=True") for s in sigs)
+
+
+def _tune_cli(tmp, mode, extra=()):
+    out = os.path.join(tmp, f"{mode}.conf")
+    data = os.path.join(tmp, f"{mode}-data.json")
+    args = ["tune", "--out", out, "--data", data, "--budget-ms", "1", *extra, "--",
+            sys.executable, WORKLOAD, "--size", "tiny", "--mode", mode, "--batch", "1",
+            "--prompt-len", "8", "--new-tokens", "3", "--steps", "2", "--warmup", "0",
+            "--out", os.path.join(tmp, f"{mode}-tuning-run.pt")]
+    return PyProcess(["-m", "torch_fl", *args], None, 300), out, data
+
+
+# The workload run as a snippet, so that the routes it used can be printed.
+RUN = """
+import json, sys, torch
+sys.path.insert(0, {examples!r})
+import qwen3_workload as wl
+res = wl.run("flagos", "tiny", "float32", {mode!r}, batch=1, prompt_len=8, new_tokens=3, steps=2,
+             warmup=0)
+torch.save(res, {out!r})
+import torch_fl
+print("@@" + json.dumps([[r.op, r.source] for r in torch_fl.routing.table()]))
+"""
+
+
+def _run(tmp, mode, name, env=None):
+    out = os.path.join(tmp, f"{mode}-{name}.pt")
+    code = RUN.format(examples=os.path.dirname(WORKLOAD), mode=mode, out=out)
+    return start_py(code, env=env, timeout=300), out
+
+
+def _same(a, b, keys):
+    for k in keys:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for n in x:
+                torch.testing.assert_close(x[n], y[n], rtol=0, atol=0, msg=f"{k}[{n}]")
+        elif isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=k)
+        else:
+            assert x == y, k
+
+
+@pytest.mark.host_only
+def test_cli_tunes_qwen3_and_the_config_is_used_with_equal_results(tmp_path):
+    tmp = str(tmp_path)
+    tunes = {m: _tune_cli(tmp, m, ("--verify",) if m == "train" else ()) for m in ("infer", "train")}
+    plain = {m: _run(tmp, m, "plain") for m in ("infer", "train")}
+    keys = {"infer": ("tokens", "prefill_logits"), "train": ("losses", "grad_norms", "grads_last")}
+    for mode, (proc, conf, data) in tunes.items():
+        rc, out, err = proc.result()
+        assert rc == 0, out + err
+        assert f"wrote {conf}" in out and "check-config: OK" in out, out
+        assert "the same zero-copy CPU kernels" in out  # honest about the host driver
+        assert torch_fl.routing.check_config(conf) == []
+        text = open(conf).read()
+        entries = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+        assert len(entries) >= 10 and all(" = native  " in ln or " = native " in ln for ln in entries)
+        assert all("calls," in ln and "per call:" in ln for ln in entries)
+        with open(data) as f:
+            d = json.load(f)
+        assert d["kind"] == "tune" and d["signatures"] and d["decisions"]
+        if mode == "train":
+            assert "flagos verify:" in err and "none diverges" in err
+            assert d["verify"]["records"] and not any(r["failed"] for r in d["verify"]["records"])
+        tunes[mode] = conf
+    tuned = {m: _run(tmp, m, "tuned", env={"FLAGOS_BACKEND_CONFIG": tunes[m]})
+             for m in ("infer", "train")}
+    for mode in ("infer", "train"):
+        results = {}
+        for name, (proc, out) in (("plain", plain[mode]), ("tuned", tuned[mode])):
+            rc, stdout, err = proc.result()
+            assert rc == 0, stdout + err
+            results[name] = torch.load(out, weights_only=False)
+            routes = json.loads(stdout.split("@@", 1)[1])
+            if name == "tuned":
+                called = [src for op, src in routes if src != "default"]
+                assert called and all(src.startswith(f"file {tunes[mode]}:") for src in called)
+        during = torch.load(os.path.join(tmp, f"{mode}-tuning-run.pt"), weights_only=False)
+        _same(results["tuned"], results["plain"], keys[mode])
+        _same(during, results["plain"], keys[mode])  # tuning did not disturb the run
+
+
+def test_cli_errors(tmp_path, run_py):
+    rc, out, err = run_py("import sys; from torch_fl.__main__ import main; sys.exit(main(['tune']))")
+    assert rc == 2 and "no workload" in err
+    conf = str(tmp_path / "x.conf")
+    code = ("import sys; from torch_fl.__main__ import main; "
+            f"sys.exit(main(['tune', '--out', {conf!r}, '--', sys.executable, '-c', "
+            "'import sys; sys.exit(3)']))")
+    rc, out, err = run_py(code)
+    assert rc == 3 and "exited with status 3; no config written" in err
+    code = ("import sys; from torch_fl.__main__ import main; "
+            f"sys.exit(main(['tune', '--out', {conf!r}, '--', sys.executable, '-c', 'import torch']))")
+    rc, out, err = run_py(code)
+    assert rc == 1 and "made no routed call" in err
+    assert not os.path.exists(conf)
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_TUNE": str(tmp_path / "missing")})
+    assert rc != 0 and "FLAGOS_TUNE=" in err and "is not a directory" in err
+
+
+# ---- GPU (the lead runs these on the H100) ------------------------------------------
+
+@pytest.mark.cuda
+def test_tune_times_cuda_backends_with_device_events():
+    a = torch.randn(512, 512, device=DEV)
+    with torch_fl.tuning.tune(budget_ms=5) as t:
+        (a @ a).softmax(-1).sum()
+        torch.add(a, 1)
+    rows = [s for s in t.data["signatures"] if s["results"]]
+    assert rows
+    for s in rows:
+        timed = [r for r in s["results"] if r["status"] == "timed"]
+        assert timed, s
+        for r in timed:
+            assert r["device_us"] > 0 and r["host_us"] > 0 and r["checked"], (s["signature"], r)
+        names = {r["backend"] for r in s["results"]}
+        assert "cuda" in names and "native" in names
+        native = next(r for r in s["results"] if r["backend"] == "native")
+        assert native["status"] == "same" and native["same_as"] == "cuda"
+    mm = next(s for s in rows if s["op"] == "aten::mm")
+    cpu = next((r for r in mm["results"] if r["backend"] == "cpu"), None)
+    assert cpu is not None and cpu["status"] == "not timed"  # 2 MiB of inputs each way
+    d = {x.name: x for x in t.decisions}
+    assert d["mm"].chosen in ("cuda", "flaggems", "native")
+
+
+@pytest.mark.cuda
+@pytest.mark.flaggems
+def test_tune_qwen3_on_gpu_with_flaggems_and_cuda(tmp_path):
+    if not torch_fl.is_flaggems_enabled():
+        pytest.skip("FlagGems is not enabled")
+    tmp = str(tmp_path)
+    proc, conf, data = _tune_cli(tmp, "infer")
+    rc, out, err = proc.result()
+    assert rc == 0, out + err
+    assert torch_fl.routing.check_config(conf) == []
+    d = json.load(open(data))
+    assert "flaggems" in d["backends"] and "cuda" in d["backends"]
+    both = [s for s in d["signatures"]
+            if {r["backend"] for r in s["results"] if r["status"] == "timed"} >= {"flaggems", "cuda"}]
+    assert both, "no signature timed on both flaggems and cuda"
+    chosen = {x["chosen"] for x in d["decisions"] if x["chosen"]}
+    assert chosen <= {"flaggems", "cuda", "cpu", "native"}
+    plain, plain_out = _run(tmp, "infer", "plain")
+    tuned, tuned_out = _run(tmp, "infer", "tuned", env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert plain.result()[0] == 0 and tuned.result()[0] == 0
+    a, b = torch.load(plain_out, weights_only=False), torch.load(tuned_out, weights_only=False)
+    torch.testing.assert_close(b["prefill_logits"], a["prefill_logits"], rtol=1e-3, atol=1e-3)
