@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     rep = sub.add_parser("report", help="an HTML or Markdown routing report with a plot")
     rep.add_argument("--from", dest="source", default="tune-data.json",
                      help="a data file: tune's (tune-data.json) or FLAGOS_REPORT's")
-    rep.add_argument("--out", default="report.html", help="report.html or report.md")
+    rep.add_argument("--out", default="report.html",
+                     help="report.html or report.md (report.png: the plot alone)")
     args = parser.parse_args(argv)
     if args.cmd in (None, "info"):
         return _info()

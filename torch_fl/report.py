@@ -301,13 +301,19 @@ def render(data: dict, fmt: str) -> str:
 
 def build(source, out: str) -> str:
     """Writes the report of ``source`` (a data dict or a data file's path) to
-    ``out``; the format follows its extension (.html, .htm or .md)."""
+    ``out``; the format follows its extension (.html, .htm or .md; .png writes
+    the plot alone)."""
     data = _rundata.load(source) if isinstance(source, (str, os.PathLike)) else source
     ext = os.path.splitext(str(out))[1].lower()
-    fmt = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}.get(ext)
+    fmt = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".png": "png"}.get(ext)
     if fmt is None:
-        raise ValueError(f"report file {out!r}: name it .html or .md (the format follows the "
-                         "extension)")
+        raise ValueError(f"report file {out!r}: name it .html or .md (or .png for the plot "
+                         "alone): the format follows the extension")
+    if fmt == "png":
+        png = plot_png(data)
+        with open(out, "wb") as f:
+            f.write(png)
+        return str(out)
     text = render(data, fmt)
     with open(out, "w") as f:
         f.write(text)

@@ -152,7 +152,8 @@ def _us(x: float) -> str:
 
 def evidence(d: Decision) -> str:
     """The comment written after the operator's config line."""
-    parts = [f"{d.calls} calls, {d.signatures} signature(s)"]
+    parts = [f"{d.calls} call{'s' if d.calls != 1 else ''}, {d.signatures} signature"
+             f"{'s' if d.signatures != 1 else ''}"]
     if d.per_call_us:
         times = []
         for b in sorted(d.per_call_us, key=lambda b: d.per_call_us[b]):

@@ -90,7 +90,7 @@ def test_tune_picks_the_fastest_correct_backend(tmp_path):
     assert d["sigmoid"].per_call_us["flaggems"] > 3000
     lines = {ln.split("=")[0].strip(): ln for ln in text.splitlines() if ln and not ln.startswith("#")}
     assert lines["lgamma"].startswith("lgamma = flaggems") and "was native" in lines["lgamma"]
-    assert "1 calls, 1 signature(s); per call: flaggems" in lines["lgamma"]
+    assert "1 call, 1 signature; per call: flaggems" in lines["lgamma"]
     assert "flaggems rejected: wrong on digamma(f32[65536])" in lines["digamma"]
     assert lines["sigmoid"].startswith("sigmoid = native")
 
