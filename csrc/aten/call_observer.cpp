@@ -15,7 +15,7 @@
 namespace torch_fl::aten {
 
 namespace detail {
-std::atomic<uint32_t> g_observers{0};
+[[gnu::visibility("hidden")]] std::atomic<uint32_t> g_observers{0};
 }
 
 namespace {

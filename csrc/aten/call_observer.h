@@ -33,7 +33,9 @@ enum ObserverBit : uint32_t {
 };
 
 namespace detail {
-extern std::atomic<uint32_t> g_observers;
+// Hidden: read with one PC-relative load on the hot path, never from outside
+// libtorch_fl.
+[[gnu::visibility("hidden")]] extern std::atomic<uint32_t> g_observers;
 }
 
 // Hot path: whether any observer is on.

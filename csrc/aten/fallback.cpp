@@ -42,14 +42,38 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
-}  // namespace
+// The providers, inlined into the boxed kernel's hot path and shared with
+// run_provider().
+inline void run_on(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
+                   torch::jit::Stack* stack, int64_t python_kernel) {
+  switch (backend) {
+    case Backend::kCpu:
+      // On the host driver the CPU is the native device: zero-copy.
+      if (runtime::uses_cuda()) {
+        run_cpu_copy(op, plan, stack);
+      } else {
+        run_native(op, plan, stack);
+      }
+      return;
+    case Backend::kNative:
+    case Backend::kCuda:
+      run_native(op, plan, stack);
+      return;
+    case Backend::kFlagGems:
+      run_python(op, plan, stack, python_kernel);
+      return;
+    default:
+      TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),
+                  "' chosen for ", plan.name, " has no provider in this build");
+  }
+}
 
 // FlagGems (5.0.2) kernels assert a dimension or divide by a size, so they
 // raise or compute garbage on 0-dim and empty tensors, most have no complex
 // dtypes, and its random kernels draw from the default generator whatever
 // generator the call names (docs/flaggems.md): such a call runs on the
 // native kernels, and counts there.
-bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
+bool declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   const size_t base = stack.size() - plan.num_arguments;
   auto edge = [](const at::Tensor& t) {
     return t.defined() && (t.dim() == 0 || t.numel() == 0 || t.is_complex());
@@ -75,6 +99,12 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return false;
 }
 
+}  // namespace
+
+bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
+  return declines(plan, stack);
+}
+
 // Hot path: a cached plan lookup, two relaxed atomic loads to check the
 // route, a counter, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
@@ -85,7 +115,7 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
     routing::resolve(op, plan);
   }
   Backend backend = plan.backend.load(std::memory_order_relaxed);
-  if (backend == Backend::kFlagGems && flaggems_declines(plan, *stack)) {
+  if (backend == Backend::kFlagGems && declines(plan, *stack)) {
     backend = Backend::kNative;
   }
   if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
@@ -104,31 +134,12 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
     observe_call(op, plan, backend, stack);
     return;
   }
-  run_provider(op, plan, backend, stack);
+  run_on(op, plan, backend, stack, -1);
 }
 
 void run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
                   torch::jit::Stack* stack, int64_t python_kernel) {
-  switch (backend) {
-    case Backend::kCpu:
-      // On the host driver the CPU is the native device: zero-copy.
-      if (runtime::uses_cuda()) {
-        run_cpu_copy(op, plan, stack);
-      } else {
-        run_native(op, plan, stack);
-      }
-      return;
-    case Backend::kNative:
-    case Backend::kCuda:
-      run_native(op, plan, stack);
-      return;
-    case Backend::kFlagGems:
-      run_python(op, plan, stack, python_kernel);
-      return;
-    default:
-      TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),
-                  "' chosen for ", plan.name, " has no provider in this build");
-  }
+  run_on(op, plan, backend, stack, python_kernel);
 }
 
 // Composite kernels that refuse devices other than CPU/CUDA/XPU; through the
