@@ -1,26 +1,26 @@
 """Qwen3 with a tuned routing config, against default routing and all-cuda.
 
-Step 1, tuning: ``python -m torch_fl tune`` runs one pass of the workload of
-bench/qwen3.py (greedy generation in bfloat16 and AdamW training steps in
-float32, one process) and writes tuned.conf and tune-data.json.
+Step 1, tuning (``python -m torch_fl tune``, docs/tuning.md), once per workload:
+- inference: one HF ``generate()`` per batch size on flagos (bf16, default
+  routing), in a child of this script; writes tuned-infer.conf;
+- training: bench/qwen3.py's training child (fp32 and bf16-autocast AdamW
+  steps); writes tuned-train.conf.
+Each tune also writes its data file, an HTML report and the report's plot.
 
-Step 2, measurement: each configuration runs bench/qwen3.py's child workload in
-its own process (W warm-up generations, R timed ones, S training steps; medians
-as in bench/qwen3.py):
+Step 2, measurement, as bench/qwen3.py measures (docs/benchmarks.md):
+- inference in one process, sides interleaved over R rounds (rotating which
+  goes first): ``default`` (flagos, default routing), ``default (A/A)`` (the
+  same again: the method's noise), ``all-cuda`` (``* = cuda``), ``tuned`` (the
+  tuned config's entries, installed with routing.set_route), and ``cuda``
+  (native, for the tokens); the ratios are medians of per-round ratios;
+- training in a process per configuration and round (a CUDA backward cannot
+  run beside torch_fl, pytorch#161129): default, default (A/A), all-cuda,
+  tuned (FLAGOS_BACKEND_CONFIG=tuned-train.conf), cuda.
 
-- ``default``: flagos, default routing (FlagGems where it serves an operator);
-- ``default (A/A)``: the same again, in another process: the method's noise;
-- ``all-cuda``: flagos with ``* = cuda``;
-- ``tuned``: flagos with FLAGOS_BACKEND_CONFIG=tuned.conf;
-- ``cuda``: native CUDA, torch_fl not loaded (the reference for tokens).
+The tuned config meets the bar when it is at least as fast as the faster of
+default and all-cuda, within the A/A noise.
 
-The configurations run ``--rounds`` times, in an order reversed every other
-round. Per round the ratios tuned/default, tuned/all-cuda and A/A are taken
-per metric; the medians over rounds are reported (tokens/s: >1 is faster;
-step time: <1 is faster). The tuned config meets the bar when it is at least
-as fast as the faster of default and all-cuda, within the A/A noise.
-
-    PYTHONPATH=. python bench/tuned_qwen3.py [--size 0.6b] [--rounds 3] [--outdir DIR] [--json out.json]
+    PYTHONPATH=. python bench/tuned_qwen3.py [--size 0.6b] [--outdir DIR] [--json out.json]
 
 Without a GPU it prints "skipped: ..." and exits with status 0.
 """
@@ -32,169 +32,263 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+EXAMPLES = os.path.join(ROOT, "examples")
 QWEN3 = os.path.join(HERE, "qwen3.py")
-CONFIGS = ("default", "default (A/A)", "all-cuda", "tuned", "cuda")
-METRICS = ("prefill_tok_s", "decode_tok_s", "train_step_s")
-FASTER_IS_HIGHER = {"prefill_tok_s": True, "decode_tok_s": True, "train_step_s": False}
+SIDES = ("default", "default (A/A)", "all-cuda", "tuned")
 
 
-def workload_args(a, warmup, repeats, steps) -> list:
-    return ["--size", a.size, "--batch", str(a.batch), "--prompt-len", str(a.prompt_len),
-            "--new-tokens", str(a.new_tokens), "--warmup", str(warmup), "--repeats", str(repeats),
-            "--steps", str(steps)]
-
-
-def env_for(config: str, files: dict) -> dict:
+def child_env(extra=None) -> dict:
     env = dict(os.environ)
-    if env.get("PYTHONPATH"):  # children run elsewhere: keep PYTHONPATH=. pointing here
-        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(x) for x in
-                                            env["PYTHONPATH"].split(os.pathsep) if x)
+    if env.get("PYTHONPATH"):  # children run from other directories
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in
+                                            env["PYTHONPATH"].split(os.pathsep) if p)
     env.pop("FLAGOS_BACKEND_CONFIG", None)
     for k in [k for k in env if k.startswith("FLAGOS_OP_")]:
         env.pop(k)
-    if config == "cuda":
-        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    elif config == "all-cuda":
-        env["FLAGOS_BACKEND_CONFIG"] = files["all-cuda"]
-    elif config == "tuned":
-        env["FLAGOS_BACKEND_CONFIG"] = files["tuned"]
+    env.update(extra or {})
     return env
 
 
-def run_config(a, config: str, files: dict) -> dict:
-    child = "cuda" if config == "cuda" else "flagos"
-    cmd = [sys.executable, QWEN3, "--child", child,
-           *workload_args(a, a.warmup, a.repeats, a.steps)]
-    p = subprocess.run(cmd, env=env_for(config, files), capture_output=True, text=True,
-                       timeout=1800)
+# ---- step 1: tuning -------------------------------------------------------------------
+
+def infer_child(a) -> int:
+    """The inference workload tune runs: one generate() per batch size."""
+    sys.path.insert(0, EXAMPLES)
+    import torch
+    import qwen3_workload as wl
+
+    cfg = wl.SIZES[a.size]
+    model = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)
+    model.generation_config.pad_token_id = 0
+    for batch in a.batches:  # as bench/qwen3.py's _generate
+        ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to("flagos")
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
+                           do_sample=False, use_cache=True, pad_token_id=0)
+    torch.flagos.synchronize()
+    return 0
+
+
+def tune(a, outdir: str, name: str, workload: list) -> dict:
+    conf = os.path.join(outdir, f"tuned-{name}.conf")
+    data = os.path.join(outdir, f"tune-{name}-data.json")
+    cmd = [sys.executable, "-m", "torch_fl", "tune", "--out", conf, "--data", data,
+           "--budget-ms", str(a.budget_ms), *(["--verify"] if a.verify else []), "--", *workload]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=7200)
+    if p.returncode != 0:
+        raise RuntimeError(f"tune {name} failed ({p.returncode}):\n{p.stdout[-4000:]}\n"
+                           f"{p.stderr[-4000:]}")
+    print(p.stdout, flush=True)
+    out = {"conf": conf, "data": data, "seconds": time.monotonic() - t0}
+    for kind, path in (("report", f"tuned-{name}-report.html"), ("plot", f"tuned-{name}-plot.png")):
+        out[kind] = os.path.join(outdir, path)
+        subprocess.run([sys.executable, "-m", "torch_fl", "report", "--from", data, "--out",
+                        out[kind]], env=child_env(), check=True)
+    return out
+
+
+# ---- step 2: inference, one process, interleaved ----------------------------------------
+
+def inference(a, tuned_conf: str) -> dict:
+    sys.path.insert(0, EXAMPLES)
+    sys.path.insert(0, HERE)
+    import torch
+    import torch_fl
+    import qwen3 as q
+    import qwen3_workload as wl
+
+    with open(tuned_conf, "rb") as f:
+        entries, errors = torch_fl._C._parse_config(f.read(), tuned_conf)
+    assert not errors, errors
+    tuned = [(op, ", ".join(chain)) for op, chain, _ in entries]
+    cfg = wl.SIZES[a.size]
+    models = {"cuda": wl.build_model(a.size, torch.bfloat16, "cpu", seed=0).to("cuda"),
+              "flagos": wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)}
+    for m in models.values():
+        m.generation_config.pad_token_id = 0
+    sides = ("cuda",) + SIDES
+
+    def routes(side):
+        for op, _ in tuned:
+            torch_fl.routing.set_route(op, "")
+        torch_fl.routing.set_route("*", "cuda" if side == "all-cuda" else "")
+        if side == "tuned":
+            for op, chain in tuned:
+                torch_fl.routing.set_route(op, chain)
+
+    def run(side, batch):
+        routes(side)
+        dev = "cuda" if side == "cuda" else "flagos"
+        ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
+        return q._generate(models["cuda" if side == "cuda" else "flagos"], ids, a.new_tokens)
+
+    results = {}
+    for batch in a.batches:
+        for side in sides:
+            for _ in range(a.warmup):
+                run(side, batch)
+        times = {s: [] for s in sides}
+        tokens = {}
+        for r in range(a.rounds):
+            order = sides[r % len(sides):] + sides[:r % len(sides)]
+            for side in order:
+                toks, t = run(side, batch)
+                times[side].append(t)
+                tokens[side] = toks
+        row = {}
+        for side in sides:
+            row[side] = {"tok_s": statistics.median(batch * a.new_tokens / t for t in times[side]),
+                         "times": times[side],
+                         "tokens_equal_cuda": int((tokens[side] == tokens["cuda"]).sum()),
+                         "tokens": tokens[side].numel()}
+        results[f"batch {batch}"] = row
+    routes("default")
+    return results
+
+
+# ---- step 2: training, a process per configuration and round ------------------------------
+
+def run_train(a, side: str, tuned_conf: str) -> dict:
+    child = {"cuda": "cuda", "all-cuda": "flagos all-cuda"}.get(side, "flagos")
+    extra = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"} if side == "cuda" else {}
+    if side == "tuned":
+        extra["FLAGOS_BACKEND_CONFIG"] = tuned_conf
+    cmd = [sys.executable, QWEN3, "--train-child", child, "--size", a.size, "--steps", str(a.steps),
+           "--train-batch", str(a.train_batch), "--train-len", str(a.train_len)]
+    p = subprocess.run(cmd, env=child_env(extra), capture_output=True, text=True, timeout=1800)
     for line in p.stdout.splitlines():
         if line.startswith("@@qwen3 "):
             return json.loads(line[len("@@qwen3 "):])
-    raise RuntimeError(f"{config}: exited {p.returncode}\n{p.stderr[-3000:]}")
+    raise RuntimeError(f"training {side}: exited {p.returncode}\n{p.stderr[-3000:]}")
 
 
-def tune(a, outdir: str) -> dict:
-    conf = os.path.join(outdir, "tuned.conf")
-    data = os.path.join(outdir, "tune-data.json")
-    # One pass: one generation (its first call of each shape is measured) and
-    # three training steps (forward, backward and optimizer shapes).
-    cmd = [sys.executable, "-m", "torch_fl", "tune", "--out", conf, "--data", data,
-           "--budget-ms", str(a.budget_ms), *(["--verify"] if a.verify else []), "--",
-           sys.executable, QWEN3, "--child", "flagos", *workload_args(a, 0, 1, 3)]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env_for("default", {}), capture_output=True, text=True,
-                       timeout=3600, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"tune failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    print(p.stdout, flush=True)
-    report = os.path.join(outdir, "tuned_qwen3_report.html")
-    png = os.path.join(outdir, "tuned_qwen3_plot.png")
-    for out in (report, png):
-        subprocess.run([sys.executable, "-m", "torch_fl", "report", "--from", data, "--out", out],
-                       check=True, cwd=ROOT)
-    return {"conf": conf, "data": data, "report": report, "plot": png,
-            "seconds": time.monotonic() - t0, "summary": p.stdout}
+def training(a, tuned_conf: str) -> dict:
+    sides = ("cuda",) + SIDES
+    runs = {s: [] for s in sides}
+    for r in range(a.train_rounds):
+        order = sides if r % 2 == 0 else tuple(reversed(sides))
+        for s in order:
+            runs[s].append(run_train(a, s, tuned_conf))
+    modes = [k for k in runs["cuda"][0] if k != "config"]
+    return {mode: {s: {"step_ms": statistics.median(x[mode]["step_s"] for x in runs[s]) * 1e3,
+                       "times": [x[mode]["step_s"] for x in runs[s]],
+                       "losses_equal_cuda": runs[s][0][mode]["losses"] == runs["cuda"][0][mode]["losses"]}
+                   for s in sides} for mode in modes}
+
+
+def ratios(row: dict) -> dict:
+    """Medians of per-round time ratios (for tokens/s, the inverse ratios)."""
+    def per_round(x, y):
+        return [tx / ty for tx, ty in zip(row[x]["times"], row[y]["times"])]
+
+    med = statistics.median
+    out = {"tuned / default": med(per_round("tuned", "default")),
+           "tuned / all-cuda": med(per_round("tuned", "all-cuda")),
+           "A/A": med(per_round("default (A/A)", "default")),
+           "tuned / cuda": med(per_round("tuned", "cuda"))}
+    # Per round, against the faster of default and all-cuda.
+    out["tuned / faster other"] = med(max(d, c) for d, c in zip(per_round("tuned", "default"),
+                                                                 per_round("tuned", "all-cuda")))
+    out["meets_bar"] = out["tuned / faster other"] <= 1 + abs(out["A/A"] - 1)
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="0.6b")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--train-batch", type=int, default=4)
+    p.add_argument("--train-len", type=int, default=128)
+    p.add_argument("--train-rounds", type=int, default=2)
     p.add_argument("--budget-ms", type=float, default=10.0, help="tune's timing budget")
     p.add_argument("--verify", action="store_true", help="tune with --verify")
-    p.add_argument("--tuned", help="use this tuned config instead of tuning (step 1 skipped)")
-    p.add_argument("--outdir", help="keep tuned.conf, tune-data.json, the report and its plot here")
+    p.add_argument("--tuned-infer", help="use this config for inference instead of tuning")
+    p.add_argument("--tuned-train", help="use this config for training instead of tuning")
+    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
+    p.add_argument("--outdir", default=None,
+                   help="where the tuned configs, data, reports and plots go (default: a new "
+                        "directory under /tmp)")
     p.add_argument("--json")
+    p.add_argument("--infer-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.infer_child:
+        return infer_child(a)
 
     import torch
 
     if not torch.cuda.is_available():
         print("skipped: no GPU (torch.cuda.is_available() is False)")
         return 0
-    t_start = time.monotonic()
-    outdir = a.outdir or tempfile.mkdtemp(prefix="tuned-qwen3-")
+    t0 = time.monotonic()
+    outdir = os.path.abspath(a.outdir or f"/tmp/tuned-qwen3-{os.getpid()}")
     os.makedirs(outdir, exist_ok=True)
-    files = {"all-cuda": os.path.join(outdir, "all-cuda.conf")}
-    with open(files["all-cuda"], "w") as f:
-        f.write("* = cuda\n")
-    if a.tuned:
-        files["tuned"] = os.path.abspath(a.tuned)
-        tuned = {"conf": files["tuned"]}
-    else:
-        tuned = tune(a, outdir)
-        files["tuned"] = tuned["conf"]
+    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "args": vars(a),
+                    "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "outdir": outdir}, "tune": {}}
+    shape = ["--size", a.size]
+    if "inference" not in a.skip:
+        conf = a.tuned_infer
+        if conf is None:
+            res["tune"]["inference"] = tune(a, outdir, "infer", [
+                sys.executable, os.path.abspath(__file__), "--infer-child", *shape, "--batches",
+                *map(str, a.batches), "--prompt-len", str(a.prompt_len), "--new-tokens",
+                str(a.new_tokens)])
+            conf = res["tune"]["inference"]["conf"]
+        res["inference"] = inference(a, os.path.abspath(conf))
+        res["inference_config"] = open(conf).read()
+    if "training" not in a.skip:
+        conf = a.tuned_train
+        if conf is None:
+            res["tune"]["training"] = tune(a, outdir, "train", [
+                sys.executable, QWEN3, "--train-child", "flagos", *shape, "--steps", "3",
+                "--train-batch", str(a.train_batch), "--train-len", str(a.train_len)])
+            conf = res["tune"]["training"]["conf"]
+        res["training"] = training(a, os.path.abspath(conf))
+        res["training_config"] = open(conf).read()
 
-    runs = {c: [] for c in CONFIGS}
-    for r in range(a.rounds):
-        order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
-        for c in order:
-            runs[c].append(run_config(a, c, files))
-            x = runs[c][-1]
-            print(f"round {r + 1} {c}: prefill {x['prefill_tok_s']:.0f} tok/s, decode "
-                  f"{x['decode_tok_s']:.1f} tok/s, train step {x['train_step_s'] * 1e3:.1f} ms",
-                  flush=True)
-
-    med = statistics.median
-    rows = {c: {m: med(x[m] for x in runs[c]) for m in METRICS} for c in CONFIGS}
-    for c in CONFIGS:
-        rows[c]["tokens_equal_cuda"] = runs[c][-1]["tokens"] == runs["cuda"][-1]["tokens"]
-        rows[c]["routing"] = runs[c][-1].get("routing")
-
-    def ratio(x, y):  # median over rounds of the per-round ratio x/y
-        return {m: med(rx[m] / ry[m] for rx, ry in zip(runs[x], runs[y])) for m in METRICS}
-
-    ratios = {"tuned / default": ratio("tuned", "default"),
-              "tuned / all-cuda": ratio("tuned", "all-cuda"),
-              "A/A (default / default)": ratio("default (A/A)", "default"),
-              "tuned / cuda": ratio("tuned", "cuda")}
-    print(f"\nQwen3 {a.size} (random weights), {torch.cuda.get_device_name(0)}, torch "
-          f"{torch.__version__}; inference bf16 B={a.batch} P={a.prompt_len} N={a.new_tokens}, "
-          f"training fp32 AdamW B={a.batch} L={a.prompt_len}; {a.rounds} round(s), "
-          f"{time.monotonic() - t_start:.0f} s")
-    print(f"{'config':<15} {'prefill tok/s':>14} {'decode tok/s':>13} {'train step ms':>14} "
-          f"{'tokens = cuda':>14}")
-    for c in CONFIGS:
-        r = rows[c]
-        print(f"{c:<15} {r['prefill_tok_s']:>14.0f} {r['decode_tok_s']:>13.1f} "
-              f"{r['train_step_s'] * 1e3:>14.1f} {str(r['tokens_equal_cuda']):>14}")
-    print(f"\n{'ratio (median of rounds)':<26} {'prefill':>9} {'decode':>9} {'step time':>10}")
-    for name, q in ratios.items():
-        print(f"{name:<26} {q['prefill_tok_s']:>9.3f} {q['decode_tok_s']:>9.3f} "
-              f"{q['train_step_s']:>10.3f}")
-    print("tokens/s ratios: >1 is faster; step-time ratio: <1 is faster")
-    verdict = {}
-    for m in METRICS:
-        noise = abs(ratios["A/A (default / default)"][m] - 1)
-        best_other = max if FASTER_IS_HIGHER[m] else min
-        other = best_other(rows["default"][m], rows["all-cuda"][m])
-        rel = rows["tuned"][m] / other
-        ok = rel >= 1 - noise if FASTER_IS_HIGHER[m] else rel <= 1 + noise
-        verdict[m] = {"tuned_vs_best_other": rel, "aa_noise": noise, "meets_bar": ok}
-        print(f"{m}: tuned / best of default and all-cuda = {rel:.3f} (A/A noise {noise:.3f}): "
-              f"{'meets the bar' if ok else 'SLOWER than the faster of default and all-cuda'}")
-    if not a.tuned:
-        print(f"\ntuned config, data, report and plot: {outdir}")
+    print(f"\nQwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
+          f"{time.monotonic() - t0:.0f} s; tuned configs, data, reports, plots: {outdir}")
+    for key, row in res.get("inference", {}).items():
+        q = ratios(row)
+        res["inference"][key]["ratios"] = q
+        print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
+              f"{a.rounds} rounds")
+        for side in ("cuda",) + SIDES:
+            r = row[side]
+            print(f"  {side:<14} {r['tok_s']:>9.1f} tok/s  tokens equal cuda "
+                  f"{r['tokens_equal_cuda']}/{r['tokens']}")
+        _print_ratios(q)
+    for mode, row in res.get("training", {}).items():
+        q = ratios(row)
+        res["training"][mode]["ratios"] = q
+        print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
+              f"{a.train_rounds} rounds")
+        for side in ("cuda",) + SIDES:
+            r = row[side]
+            print(f"  {side:<14} {r['step_ms']:>9.1f} ms  losses equal cuda: {r['losses_equal_cuda']}")
+        _print_ratios(q)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                                "args": vars(a), "gpu": torch.cuda.get_device_name(0),
-                                "torch": torch.__version__},
-                       "tuned": {k: v for k, v in tuned.items() if k != "summary"},
-                       "tuned_config": open(files["tuned"]).read(),
-                       "rows": rows, "ratios": ratios, "verdict": verdict, "runs": runs}, f, indent=1)
+            json.dump(res, f, indent=1)
     return 0
+
+
+def _print_ratios(q: dict) -> None:
+    print("  time ratios (median of rounds; < 1: tuned is faster): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in q.items() if isinstance(v, float)))
+    print("  " + ("tuned is at least as fast as the faster of default and all-cuda (within A/A)"
+                  if q["meets_bar"] else "tuned is SLOWER than the faster of default and all-cuda"))
 
 
 if __name__ == "__main__":

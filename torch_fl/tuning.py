@@ -392,6 +392,12 @@ def run_cli(command: list, out: str, data_path: str, verify: bool, budget_ms: fl
         print("tune: no workload: write it after --, e.g. "
               "python -m torch_fl tune --out backends.conf -- python train.py", file=sys.stderr)
         return 2
+    for path, what in ((out, "--out"), (data_path, "--data")):
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent) or os.path.isdir(path):
+            print(f"tune: {what} {path!r} cannot be written: name a file in an existing directory",
+                  file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="flagos-tune-") as d:
         with open(os.path.join(d, OPTIONS_FILE), "w") as f:
             json.dump({"budget_ms": budget_ms, "max_iters": max_iters, "verify": verify}, f)

@@ -100,6 +100,10 @@ std::vector<c10::IValue> run_reference(const c10::OperatorHandle& op, const OpPl
 ShadowCall::ShadowCall(const c10::OperatorHandle& op, const OpPlan& plan,
                        routing::Backend backend, const c10::IValue* args)
     : plan_(plan), backend_(backend) {
+  if (plan.name.rfind("aten::", 0) != 0) {
+    skip_ = "not an aten operator: never run twice (it may be a collective)";
+    return;
+  }
   if (is_random(op, plan, args)) {
     skip_ = "random operator: a second run would move the random stream";
     return;

@@ -8,9 +8,10 @@
 //
 // The workload's call runs exactly as without verification, on its own
 // tensors, so in-place and out= semantics and its results are unchanged; the
-// reference never sees the workload's tensors. Calls of random operators are
-// not compared (a second run would move the random stream) and are counted
-// as skipped. A call routed to the reference kernels themselves is compared
+// reference never sees the workload's tensors. Calls of random operators (a
+// second run would move the random stream) and of operators outside the aten
+// namespace (a collective must not run twice) are not compared, and are
+// counted as skipped. A call routed to the reference kernels themselves is compared
 // too: it checks the routing path (views, in-place, out=), not the kernel.
 
 #include <optional>

@@ -231,6 +231,10 @@ def test_cli_errors(tmp_path, run_py):
     rc, out, err = run_py(code)
     assert rc == 1 and "made no routed call" in err
     assert not os.path.exists(conf)
+    code = ("import sys; from torch_fl.__main__ import main; "
+            f"sys.exit(main(['tune', '--out', {str(tmp_path / 'no' / 'x.conf')!r}, '--', 'true']))")
+    rc, out, err = run_py(code)
+    assert rc == 2 and "--out" in err and "cannot be written" in err
     rc, out, err = run_py("import torch_fl", env={"FLAGOS_TUNE": str(tmp_path / "missing")})
     assert rc != 0 and "FLAGOS_TUNE=" in err and "is not a directory" in err
 
