@@ -2,7 +2,8 @@
 
 Step 1, tuning (``python -m torch_fl tune``, docs/tuning.md), once per workload:
 - inference: one HF ``generate()`` per batch size on flagos (bf16, default
-  routing), in a child of this script; writes tuned-infer.conf;
+  routing, --tune-new-tokens tokens: a sample of the decode shapes), in a
+  child of this script; writes tuned-infer.conf;
 - training: bench/qwen3.py's training child (fp32 and bf16-autocast AdamW
   steps); writes tuned-train.conf.
 Each tune also writes its data file, an HTML report and the report's plot.
@@ -211,7 +212,9 @@ def main(argv=None) -> int:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
-    p.add_argument("--budget-ms", type=float, default=10.0, help="tune's timing budget")
+    p.add_argument("--budget-ms", type=float, default=5.0, help="tune's timing budget")
+    p.add_argument("--tune-new-tokens", type=int, default=16,
+                   help="new tokens per generate() while tuning (a sample of the decode shapes)")
     p.add_argument("--verify", action="store_true", help="tune with --verify")
     p.add_argument("--tuned-infer", help="use this config for inference instead of tuning")
     p.add_argument("--tuned-train", help="use this config for training instead of tuning")
@@ -243,7 +246,7 @@ def main(argv=None) -> int:
             res["tune"]["inference"] = tune(a, outdir, "infer", [
                 sys.executable, os.path.abspath(__file__), "--infer-child", *shape, "--batches",
                 *map(str, a.batches), "--prompt-len", str(a.prompt_len), "--new-tokens",
-                str(a.new_tokens)])
+                str(a.tune_new_tokens)])
             conf = res["tune"]["inference"]["conf"]
         res["inference"] = inference(a, os.path.abspath(conf))
         res["inference_config"] = open(conf).read()

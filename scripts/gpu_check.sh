@@ -3,11 +3,14 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all|dist] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain] [extra pytest args]
 # bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
 # cost), bench/flaggems_ops.py and bench/qwen3.py. dist (2+ GPUs) runs the
 # multigpu tests of tests/python/test_distributed.py, then bench/distributed.py
-# with default routing and with every operator on CUDA's kernels. With a .whl/ folder of
+# with default routing and with every operator on CUDA's kernels. tune runs the tuning,
+# verification and report tests, then bench/tuned_qwen3.py's inference half (tune, then
+# tokens/s of tuned vs default vs all-cuda); tunetrain its training half (each fits the
+# 10-minute limit of one device call). With a .whl/ folder of
 # carried wheels (flag_gems; see docs/gpu.md) they are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +45,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     2>&1 | tee "$OUT/bench.log"
   python3 bench/flaggems_ops.py --json "$OUT/flaggems_ops.json" 2>&1 | tee -a "$OUT/bench.log"
   python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
+fi
+if [ "$what" = tune ]; then
+  python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_tuning.py \
+    tests/python/test_verify.py tests/python/test_report.py "$@" 2>&1 | tee "$OUT/tune_tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  python3 bench/tuned_qwen3.py --skip training --outdir "$OUT/tuned_qwen3" \
+    --json "$OUT/tuned_qwen3_infer.json" 2>&1 | tee "$OUT/tune_bench.log"
+fi
+if [ "$what" = tunetrain ]; then
+  python3 bench/tuned_qwen3.py --skip inference --outdir "$OUT/tuned_qwen3" \
+    --json "$OUT/tuned_qwen3_train.json" 2>&1 | tee "$OUT/tune_train_bench.log"
 fi
 if [ "$what" = dist ]; then
   # no NVLink multicast on the 2-GPU machines: every process gets these
