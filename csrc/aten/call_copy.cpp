@@ -238,4 +238,14 @@ bool is_random(const c10::OperatorHandle& op, const OpPlan& plan, const c10::IVa
   return true;
 }
 
+void drop_rng_state(const c10::OperatorHandle& op, std::vector<c10::IValue>& outputs) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return;
+  for (c10::IValue& v : outputs) {
+    if (v.isTensor() && v.toTensor().defined() &&
+        c10::isIntegralType(v.toTensor().scalar_type(), /*includeBool=*/true)) {
+      v = c10::IValue();
+    }
+  }
+}
+
 }  // namespace torch_fl::aten

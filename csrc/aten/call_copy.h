@@ -54,4 +54,10 @@ c10::DeviceIndex call_device(const OpPlan& plan, const c10::IValue* args);
 // kernels at inference) draws nothing.
 bool is_random(const c10::OperatorHandle& op, const OpPlan& plan, const c10::IValue* args);
 
+// For an operator with the nondeterministic_seeded tag called without drawing
+// (dropout_p=0), integer tensor outputs are random-generator state (the philox
+// seed and offset of attention kernels, left uninitialised then), not results:
+// they become None, so comparisons skip them.
+void drop_rng_state(const c10::OperatorHandle& op, std::vector<c10::IValue>& outputs);
+
 }  // namespace torch_fl::aten

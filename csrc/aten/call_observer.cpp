@@ -89,7 +89,7 @@ void observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Ba
     total += us;
   }
   if (job) tune_measure(op, plan, *job);
-  if (shadow) shadow->check(*stack);  // may raise (FLAGOS_VERIFY=error): last
+  if (shadow) shadow->check(op, *stack);  // may raise (FLAGOS_VERIFY=error): last
 }
 
 std::vector<ProfileRecord> profile_records() {

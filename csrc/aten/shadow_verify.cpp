@@ -11,6 +11,7 @@
 #include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "aten/output_compare.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 
 namespace torch_fl::aten {
@@ -108,17 +109,22 @@ ShadowCall::ShadowCall(const c10::OperatorHandle& op, const OpPlan& plan,
     skip_ = "random operator: a second run would move the random stream";
     return;
   }
+  if (runtime::uses_cuda() && runtime::cuda::capturing()) {
+    skip_ = "called during CUDA graph capture (nothing may wait for the device)";
+    return;
+  }
   signature_ = call_signature(plan, args);
   written_ = written_tensors(plan, args);
   written_labels_ = written_labels(plan, args);
   try {
     ref_outputs_ = run_reference(op, plan, args);
+    drop_rng_state(op, ref_outputs_);
   } catch (const std::exception& e) {
     skip_ = std::string("the reference kernel failed: ") + error_text(e);
   }
 }
 
-void ShadowCall::check(const torch::jit::Stack& stack) {
+void ShadowCall::check(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   auto& r = records();
   if (!skip_.empty()) {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -132,6 +138,7 @@ void ShadowCall::check(const torch::jit::Stack& stack) {
   for (size_t i = 0; i < plan_.num_returns; ++i) labels.push_back("result " + std::to_string(i));
   for (at::Tensor& t : written_) got.emplace_back(t);
   labels.insert(labels.end(), written_labels_.begin(), written_labels_.end());
+  drop_rng_state(op, got);
   Comparison c;
   try {
     c = compare_outputs(got, ref_outputs_, labels);

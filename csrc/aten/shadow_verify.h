@@ -71,7 +71,7 @@ class ShadowCall {
              const c10::IValue* args);
   // After the routed run: `stack` holds its results. Records the outcome;
   // raises in kError mode when the outputs diverge.
-  void check(const torch::jit::Stack& stack);
+  void check(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
  private:
   const OpPlan& plan_;

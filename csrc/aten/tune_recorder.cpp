@@ -244,6 +244,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
   std::string reference_problem;
   try {
     reference = run_reference(op, plan, master);
+    drop_rng_state(op, reference);
   } catch (const std::exception& e) {
     reference_problem = "the reference kernel failed: " + error_text(e);
   }
@@ -290,6 +291,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
       if (reference_problem.empty()) {
         std::vector<c10::IValue> got(stack.end() - plan.num_returns, stack.end());
         for (at::Tensor& t : inputs_written) got.emplace_back(t);
+        drop_rng_state(op, got);
         Comparison c = compare_outputs(got, reference, labels);
         r.checked = true;
         r.correct = c.ok;
