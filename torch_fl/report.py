@@ -217,7 +217,9 @@ def _sections(data: dict) -> tuple:
             + (f", {data.get('processes', 1)} processes" if data.get("processes", 1) > 1 else ""),
             f"config in force: {data['config'] or '(none)'}"]
     if data.get("command"):
-        meta.append("workload: " + " ".join(data["command"]))
+        import shlex
+
+        meta.append("workload: " + shlex.join(data["command"]))
     calls = sum(_total_calls(r) for r in rows)
     fallbacks = [r for r in rows if r["fallbacks"]]
     diverging = [r for r in rows if _diverges(r)]

@@ -21,6 +21,7 @@ import datetime
 import glob
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -168,7 +169,13 @@ def evidence(d: Decision) -> str:
         parts.append(f"was {d.current}")
     if d.note:
         parts.append(d.note)
-    return "; ".join(parts).replace("\n", " ")
+    return _one_line("; ".join(parts))
+
+
+def _one_line(text: str, limit: int = 0) -> str:
+    """Comment text that stays on one line (a `python -c` workload has newlines)."""
+    text = " ".join(str(text).split())
+    return text if not limit or len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _same_kernel_note(data: dict) -> str:
@@ -209,10 +216,11 @@ def config_text(data: dict, decisions: list) -> str:
     lines = [
         "# torch_fl routing, tuned by measuring a workload's own calls (docs/tuning.md).",
         f"# {datetime.datetime.now().isoformat(timespec='seconds')}: driver {data['driver']} "
-        f"({data['device_name']}), torch {data['torch']}, backends {', '.join(data['backends'])}",
+        f"({_one_line(data['device_name'])}), torch {data['torch']}, backends "
+        f"{', '.join(data['backends'])}",
     ]
     if data.get("command"):
-        lines.append("# workload: " + " ".join(data["command"]))
+        lines.append("# workload: " + _one_line(shlex.join(data["command"]), 400))
     lines += [
         f"# {calls} routed calls of {len(decisions)} operators, "
         f"{len(data['signatures'])} signatures.",
@@ -238,7 +246,7 @@ def config_text(data: dict, decisions: list) -> str:
         lines += [f"{text}  # {why}" for text, why in base]
     if untuned:
         lines += ["", "# Called but not tuned (they keep the route the rest of this file gives them):"]
-        lines += [f"#   {d.name}: {d.calls} calls on {d.current}; {d.note}" for d in untuned]
+        lines += [f"#   {d.name}: {d.calls} calls on {d.current}; {_one_line(d.note)}" for d in untuned]
     return "\n".join(lines) + "\n"
 
 

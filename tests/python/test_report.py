@@ -76,22 +76,26 @@ def test_report_of_tune_data_shows_chosen_routes(tmp_path, run_py):
     assert "native" in row and "us/call" in row
 
 
-def test_report_errors(tmp_path, run_py):
-    rc, out, err = run_py("import sys; from torch_fl.__main__ import main; "
-                          f"sys.exit(main(['report', '--from', {str(tmp_path / 'none.json')!r}]))")
-    assert rc == 1 and "no data file" in err and "FLAGOS_REPORT" in err
+def test_report_errors(tmp_path, start_py, capsys):
+    # Without matplotlib: a clear message naming the package and the pinned version.
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "import torch_fl\n"
+            f"torch_fl.report.build(torch_fl.report.collect(), {str(tmp_path / 'r.html')!r})")
+    no_mpl = start_py(code)
+    bad_env = start_py("import torch_fl", env={"FLAGOS_REPORT": str(tmp_path / "no" / "x.json")})
+    from torch_fl.__main__ import main
+
+    assert main(["report", "--from", str(tmp_path / "none.json")]) == 1
+    err = capsys.readouterr().err
+    assert "no data file" in err and "FLAGOS_REPORT" in err
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="not a torch_fl data file"):
         torch_fl.report.build(str(bad), str(tmp_path / "r.html"))
     with pytest.raises(ValueError, match="name it .html or .md"):
         torch_fl.report.build(torch_fl.report.collect(), str(tmp_path / "r.pdf"))
-    # Without matplotlib: a clear message naming the package and the pinned version.
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "import torch_fl\n"
-            f"torch_fl.report.build(torch_fl.report.collect(), {str(tmp_path / 'r.html')!r})")
-    rc, out, err = run_py(code)
+    rc, out, err = no_mpl.result()
     assert rc != 0 and "needs matplotlib" in err and "pip install matplotlib==3.10.9" in err
-    rc, out, err = run_py("import torch_fl", env={"FLAGOS_REPORT": str(tmp_path / "no" / "x.json")})
+    rc, out, err = bad_env.result()
     assert rc != 0 and "FLAGOS_REPORT=" in err and "cannot be written" in err
     assert not os.path.exists(tmp_path / "r.html")

@@ -135,33 +135,32 @@ def test_signature_records_shapes_dtypes_strides_and_scalars():
     assert any(s.startswith("sum.dim_IntList(bf16[4, 6], dim=[1], keepdim=True") for s in sigs)
 
 
-def _tune_cli(tmp, mode, extra=()):
-    out = os.path.join(tmp, f"{mode}.conf")
-    data = os.path.join(tmp, f"{mode}-data.json")
-    args = ["tune", "--out", out, "--data", data, "--budget-ms", "1", *extra, "--",
-            sys.executable, WORKLOAD, "--size", "tiny", "--mode", mode, "--batch", "1",
-            "--prompt-len", "8", "--new-tokens", "3", "--steps", "2", "--warmup", "0",
-            "--out", os.path.join(tmp, f"{mode}-tuning-run.pt")]
-    return PyProcess(["-m", "torch_fl", *args], None, 300), out, data
-
-
-# The workload run as a snippet, so that the routes it used can be printed.
-RUN = """
+# The workload: tiny Qwen3 inference, then training, in one process; saves the
+# results and prints the routes it used.
+WORK = """
 import json, sys, torch
 sys.path.insert(0, {examples!r})
 import qwen3_workload as wl
-res = wl.run("flagos", "tiny", "float32", {mode!r}, batch=1, prompt_len=8, new_tokens=3, steps=2,
-             warmup=0)
+res = {{m: wl.run("flagos", "tiny", "float32", m, batch=1, prompt_len=8, new_tokens=3, steps=2,
+                  warmup=0) for m in ("infer", "train")}}
 torch.save(res, {out!r})
 import torch_fl
 print("@@" + json.dumps([[r.op, r.source] for r in torch_fl.routing.table()]))
 """
+KEYS = {"infer": ("tokens", "prefill_logits"), "train": ("losses", "grad_norms", "grads_last")}
 
 
-def _run(tmp, mode, name, env=None):
-    out = os.path.join(tmp, f"{mode}-{name}.pt")
-    code = RUN.format(examples=os.path.dirname(WORKLOAD), mode=mode, out=out)
-    return start_py(code, env=env, timeout=300), out
+def _work(tmp, name):
+    out = os.path.join(tmp, f"{name}.pt")
+    return WORK.format(examples=os.path.dirname(WORKLOAD), out=out), out
+
+
+def _tune_cli(tmp, extra=()):
+    conf, data = os.path.join(tmp, "tuned.conf"), os.path.join(tmp, "tune-data.json")
+    code, out = _work(tmp, "during-tuning")
+    args = ["-m", "torch_fl", "tune", "--out", conf, "--data", data, "--budget-ms", "1", *extra,
+            "--", sys.executable, "-c", code]
+    return PyProcess(args, None, 300), conf, data, out
 
 
 def _same(a, b, keys):
@@ -180,62 +179,60 @@ def _same(a, b, keys):
 @pytest.mark.host_only
 def test_cli_tunes_qwen3_and_the_config_is_used_with_equal_results(tmp_path):
     tmp = str(tmp_path)
-    tunes = {m: _tune_cli(tmp, m, ("--verify",) if m == "train" else ()) for m in ("infer", "train")}
-    plain = {m: _run(tmp, m, "plain") for m in ("infer", "train")}
-    keys = {"infer": ("tokens", "prefill_logits"), "train": ("losses", "grad_norms", "grads_last")}
-    for mode, (proc, conf, data) in tunes.items():
-        rc, out, err = proc.result()
-        assert rc == 0, out + err
-        assert f"wrote {conf}" in out and "check-config: OK" in out, out
-        assert "the same zero-copy CPU kernels" in out  # honest about the host driver
-        assert torch_fl.routing.check_config(conf) == []
-        text = open(conf).read()
-        entries = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-        assert len(entries) >= 10 and all(" = native  " in ln or " = native " in ln for ln in entries)
-        assert all("calls," in ln and "per call:" in ln for ln in entries)
-        with open(data) as f:
-            d = json.load(f)
-        assert d["kind"] == "tune" and d["signatures"] and d["decisions"]
-        if mode == "train":
-            assert "flagos verify:" in err and "none diverges" in err
-            assert d["verify"]["records"] and not any(r["failed"] for r in d["verify"]["records"])
-        tunes[mode] = conf
-    tuned = {m: _run(tmp, m, "tuned", env={"FLAGOS_BACKEND_CONFIG": tunes[m]})
-             for m in ("infer", "train")}
-    for mode in ("infer", "train"):
-        results = {}
-        for name, (proc, out) in (("plain", plain[mode]), ("tuned", tuned[mode])):
-            rc, stdout, err = proc.result()
-            assert rc == 0, stdout + err
-            results[name] = torch.load(out, weights_only=False)
+    tune, conf, data, during_out = _tune_cli(tmp, ("--verify",))
+    code, plain_out = _work(tmp, "plain")
+    plain = start_py(code, timeout=300)
+    rc, out, err = tune.result()
+    assert rc == 0, out + err
+    assert f"wrote {conf}" in out and "check-config: OK" in out, out
+    assert "the same zero-copy CPU kernels" in out  # honest about the host driver
+    assert torch_fl.routing.check_config(conf) == []
+    entries = [ln for ln in open(conf).read().splitlines() if ln and not ln.startswith("#")]
+    assert len(entries) >= 20, entries
+    assert all(ln.split("#")[0].split("=")[1].strip() == "native" for ln in entries), entries
+    assert all(" call" in ln and "per call:" in ln for ln in entries)
+    d = json.load(open(data))
+    assert d["kind"] == "tune" and d["signatures"] and d["decisions"]
+    assert "flagos verify:" in err and "none diverges" in err  # --verify
+    assert d["verify"]["records"] and not any(r["failed"] for r in d["verify"]["records"])
+
+    code, tuned_out = _work(tmp, "tuned")
+    tuned = start_py(code, env={"FLAGOS_BACKEND_CONFIG": conf}, timeout=300)
+    results = {}
+    for name, proc, path in (("plain", plain, plain_out), ("tuned", tuned, tuned_out)):
+        rc, stdout, err = proc.result()
+        assert rc == 0, stdout + err
+        results[name] = torch.load(path, weights_only=False)
+        if name == "tuned":
             routes = json.loads(stdout.split("@@", 1)[1])
-            if name == "tuned":
-                called = [src for op, src in routes if src != "default"]
-                assert called and all(src.startswith(f"file {tunes[mode]}:") for src in called)
-        during = torch.load(os.path.join(tmp, f"{mode}-tuning-run.pt"), weights_only=False)
-        _same(results["tuned"], results["plain"], keys[mode])
-        _same(during, results["plain"], keys[mode])  # tuning did not disturb the run
+            sources = [src for op, src in routes if src != "default"]
+            assert len(sources) >= 20 and all(s.startswith(f"file {conf}:") for s in sources)
+    during = torch.load(during_out, weights_only=False)
+    for mode, keys in KEYS.items():
+        _same(results["tuned"][mode], results["plain"][mode], keys)
+        _same(during[mode], results["plain"][mode], keys)  # tuning did not disturb the run
 
 
-def test_cli_errors(tmp_path, run_py):
-    rc, out, err = run_py("import sys; from torch_fl.__main__ import main; sys.exit(main(['tune']))")
+def test_cli_errors(tmp_path, capsys):
+    bad_env = start_py("import torch_fl", env={"FLAGOS_TUNE": str(tmp_path / "missing")})
+    conf, data = str(tmp_path / "x.conf"), str(tmp_path / "x.json")
+
+    def tune(command, out=conf):
+        rc = torch_fl.tuning.run_cli(command, out, data, False, 1.0, 10)
+        return rc, capsys.readouterr().err
+
+    rc, err = tune([])
     assert rc == 2 and "no workload" in err
-    conf = str(tmp_path / "x.conf")
-    code = ("import sys; from torch_fl.__main__ import main; "
-            f"sys.exit(main(['tune', '--out', {conf!r}, '--', sys.executable, '-c', "
-            "'import sys; sys.exit(3)']))")
-    rc, out, err = run_py(code)
-    assert rc == 3 and "exited with status 3; no config written" in err
-    code = ("import sys; from torch_fl.__main__ import main; "
-            f"sys.exit(main(['tune', '--out', {conf!r}, '--', sys.executable, '-c', 'import torch']))")
-    rc, out, err = run_py(code)
-    assert rc == 1 and "made no routed call" in err
-    assert not os.path.exists(conf)
-    code = ("import sys; from torch_fl.__main__ import main; "
-            f"sys.exit(main(['tune', '--out', {str(tmp_path / 'no' / 'x.conf')!r}, '--', 'true']))")
-    rc, out, err = run_py(code)
+    rc, err = tune(["true"], out=str(tmp_path / "no" / "x.conf"))
     assert rc == 2 and "--out" in err and "cannot be written" in err
-    rc, out, err = run_py("import torch_fl", env={"FLAGOS_TUNE": str(tmp_path / "missing")})
+    rc, err = tune([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert rc == 3 and "exited with status 3; no config written" in err
+    rc, err = tune([sys.executable, "-c", "import torch_fl"])
+    assert rc == 1 and "made no routed call" in err
+    rc, err = tune([os.path.join(str(tmp_path), "no-such-program")])
+    assert rc == 2 and "cannot run" in err
+    assert not os.path.exists(conf) and not os.path.exists(data)
+    rc, out, err = bad_env.result()
     assert rc != 0 and "FLAGOS_TUNE=" in err and "is not a directory" in err
 
 
@@ -271,8 +268,10 @@ def test_tune_qwen3_on_gpu_with_flaggems_and_cuda(tmp_path):
     if not torch_fl.is_flaggems_enabled():
         pytest.skip("FlagGems is not enabled")
     tmp = str(tmp_path)
-    proc, conf, data = _tune_cli(tmp, "infer")
-    rc, out, err = proc.result()
+    tune, conf, data, _ = _tune_cli(tmp)
+    code, plain_out = _work(tmp, "plain")
+    plain = start_py(code, timeout=300)
+    rc, out, err = tune.result()
     assert rc == 0, out + err
     assert torch_fl.routing.check_config(conf) == []
     d = json.load(open(data))
@@ -281,9 +280,12 @@ def test_tune_qwen3_on_gpu_with_flaggems_and_cuda(tmp_path):
             if {r["backend"] for r in s["results"] if r["status"] == "timed"} >= {"flaggems", "cuda"}]
     assert both, "no signature timed on both flaggems and cuda"
     chosen = {x["chosen"] for x in d["decisions"] if x["chosen"]}
-    assert chosen <= {"flaggems", "cuda", "cpu", "native"}
-    plain, plain_out = _run(tmp, "infer", "plain")
-    tuned, tuned_out = _run(tmp, "infer", "tuned", env={"FLAGOS_BACKEND_CONFIG": conf})
+    assert chosen and chosen <= {"flaggems", "cuda", "cpu", "native"}
+    code, tuned_out = _work(tmp, "tuned")
+    tuned = start_py(code, env={"FLAGOS_BACKEND_CONFIG": conf}, timeout=300)
     assert plain.result()[0] == 0 and tuned.result()[0] == 0
     a, b = torch.load(plain_out, weights_only=False), torch.load(tuned_out, weights_only=False)
-    torch.testing.assert_close(b["prefill_logits"], a["prefill_logits"], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(b["infer"]["prefill_logits"], a["infer"]["prefill_logits"],
+                               rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(torch.tensor(b["train"]["losses"]),
+                               torch.tensor(a["train"]["losses"]), rtol=1e-3, atol=1e-3)
