@@ -329,7 +329,11 @@ def _start_from_env() -> None:
 
     from . import _C
 
-    path = os.path.abspath(os.environ["FLAGOS_REPORT"])
+    # "{pid}" and "{rank}" give each process of a multi-process run its own file.
+    path = os.environ["FLAGOS_REPORT"]
+    if "{" in path:
+        path = path.replace("{pid}", str(os.getpid())).replace("{rank}", os.environ.get("RANK", "0"))
+    path = os.path.abspath(path)
     _C._set_profiling(True)
     atexit.register(lambda: _rundata.save(collect(), path))
 

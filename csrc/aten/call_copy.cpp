@@ -120,8 +120,9 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
                            hal::CopyKind::kDeviceToDevice,
                            runtime::current_stream_handle(g.device), /*async=*/true);
   }
-  auto copy = [&](const at::Tensor& t) -> at::Tensor {
-    if (!is_flagos(t)) return t;
+  auto copy = [&](const at::Tensor& t, bool is_write) -> at::Tensor {
+    // A tensor of another device is shared, unless the kernel may write it.
+    if (!is_flagos(t)) return is_write && t.defined() ? t.clone(at::MemoryFormat::Preserve) : t;
     if (t.numel() == 0) {
       auto opts = at::TensorOptions().dtype(t.dtype()).device(
           target == CopyTarget::kFlagos ? t.device() : native_device(t.device().index()));
@@ -139,12 +140,12 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
     c10::IValue& v = out[slot.index];
     switch (slot.kind) {
       case ArgKind::kTensor:
-        if (v.isTensor()) v = copy(v.toTensor());
+        if (v.isTensor()) v = copy(v.toTensor(), slot.is_write);
         break;
       case ArgKind::kTensorList: {
         if (!v.isTensorList()) break;
         c10::List<at::Tensor> list;
-        for (const at::Tensor& t : v.toTensorList()) list.push_back(copy(t));
+        for (const at::Tensor& t : v.toTensorList()) list.push_back(copy(t, slot.is_write));
         v = std::move(list);
         break;
       }
@@ -152,7 +153,8 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
         if (!v.isOptionalTensorList()) break;
         c10::List<std::optional<at::Tensor>> list;
         for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-          list.push_back(t.has_value() ? std::optional<at::Tensor>(copy(*t)) : std::nullopt);
+          list.push_back(t.has_value() ? std::optional<at::Tensor>(copy(*t, slot.is_write))
+                                       : std::nullopt);
         }
         v = std::move(list);
         break;

@@ -26,7 +26,8 @@ enum class CopyTarget {
 // tensor copied: sizes, strides, offsets and conj/neg bits are kept, and
 // tensors that share a storage get copies that share one new storage, so
 // aliasing (an in-place op whose inputs overlap, out= one of the inputs) is
-// kept too. Other tensors (a CPU scalar) are shared, not copied. For
+// kept too. Tensors of other devices (a CPU scalar) are shared, unless the
+// schema marks them as written: those are cloned on their device. For
 // kNative, flagos Device arguments become the native device.
 std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* args,
                                         CopyTarget target);

@@ -36,8 +36,9 @@ def _png_of(text: str) -> bytes:
 
 @pytest.mark.host_only
 def test_report_of_a_run_shows_fallbacks_verification_and_times(tmp_path, run_py):
-    data = tmp_path / "run.json"
-    rc, out, err = run_py(RUN, env={"FLAGOS_REPORT": str(data), "FLAGOS_VERIFY": "1",
+    data = tmp_path / "run-3.json"
+    rc, out, err = run_py(RUN, env={"FLAGOS_REPORT": str(tmp_path / "run-{rank}.json"), "RANK": "3",
+                                    "FLAGOS_VERIFY": "1",
                                     "FLAGOS_OP_tanh": "cuda", "FLAGOS_CONFIG_STRICT": "0",
                                     "FLAGOS_CPU_FALLBACK": "allow"})
     assert rc == 0, err
