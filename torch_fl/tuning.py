@@ -110,15 +110,18 @@ def decide(data: dict, margin: float = MARGIN, min_gain_us: float = MIN_GAIN_US)
             out.append(Decision(op, "", current, calls, len(sigs), cost, host, device, rejected,
                                 note + "not tuned: no backend was correct on every signature"))
             continue
-        # Ties (the same kernels under two names) keep the current route, else native.
-        order = sorted(cost, key=lambda b: (cost[b], b != current, b != "native"))
+        # Ties (the same kernels under two names: cpu and native on the host
+        # driver, cuda and native on the cuda driver) keep the current route,
+        # else take the name that was measured (native, cuda).
+        aliases = {r["backend"] for x in measured for r in x["results"] if r["status"] == "same"}
+        order = sorted(cost, key=lambda b: (cost[b], b != current, b in aliases))
         best = order[0]
         chosen = best
         if current in cost and best != current:
             gain = cost[current] - cost[best]
             if gain <= margin * cost[current] or gain <= min_gain_us:
                 chosen = current
-        note += _shape_note(measured, cost)
+        note += _shape_note(measured, {b: c for b, c in cost.items() if b not in aliases})
         out.append(Decision(op, chosen, current, calls, len(sigs), cost, host, device, rejected,
                             note.rstrip("; ")))
     return out
@@ -131,7 +134,7 @@ def _shape_note(measured: list, cost: dict) -> str:
         rs = {r["backend"]: _cost(r) for r in s["results"] if r["backend"] in cost}
         if not rs:
             continue
-        b = min(rs, key=lambda k: (rs[k], k != "native"))
+        b = min(rs, key=lambda k: rs[k])
         t = s["calls"] * rs[b]
         wins.setdefault(b, [0, 0.0])
         wins[b][0] += 1
