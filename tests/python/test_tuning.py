@@ -289,3 +289,61 @@ def test_tune_qwen3_on_gpu_with_flaggems_and_cuda(tmp_path):
                                rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(torch.tensor(b["train"]["losses"]),
                                torch.tensor(a["train"]["losses"]), rtol=1e-3, atol=1e-3)
+
+
+# ---- the decision rule, on made-up measurements ----------------------------------------
+
+def _sig(op, signature, calls, route, **backends):
+    results = []
+    for b, v in backends.items():
+        if v == "same":
+            results.append(dict(backend=b, status="same", host_us=0, device_us=0, checked=True,
+                                correct=True, problem="", note=""))
+            continue
+        host, device, correct = v
+        results.append(dict(backend=b, status="timed", host_us=host, device_us=device,
+                            checked=True, correct=correct, problem="" if correct else "differs",
+                            note=""))
+    return dict(op=op, signature=signature, calls=calls, route=route, routed=route, skipped="",
+                results=results)
+
+
+def _decide(*sigs):
+    data = {"signatures": list(sigs)}
+    for s in data["signatures"]:  # "same" rows carry their representative's figures
+        for r in s["results"]:
+            if r["status"] == "same":
+                m = next(x for x in s["results"] if x["backend"] == "cuda")
+                r.update(host_us=m["host_us"], device_us=m["device_us"])
+    return {d.name: d for d in torch_fl.tuning.decide(data)}
+
+
+def test_decide_weighs_host_time_margin_correctness_and_shapes():
+    d = _decide(
+        # FlagGems' kernel is faster on the device, but its host cost sets the pace.
+        _sig("aten::add.Tensor", "add(a)", 100, "flaggems",
+             flaggems=(40.0, 5.0, True), cuda=(8.0, 6.0, True), native="same"),
+        # Within the 5% margin: the route in force stays.
+        _sig("aten::mm", "mm(a)", 10, "flaggems",
+             flaggems=(50.0, 100.0, True), cuda=(9.0, 97.0, True), native="same"),
+        # Faster but wrong on one signature: rejected for the operator.
+        _sig("aten::exp", "exp(a)", 5, "cuda", flaggems=(1.0, 1.0, True), cuda=(9.0, 9.0, True),
+             native="same"),
+        _sig("aten::exp", "exp(b)", 5, "cuda", flaggems=(1.0, 1.0, False), cuda=(9.0, 9.0, True),
+             native="same"),
+        # Shape-dependent: cuda wins the big signature, flaggems the small ones; by total time.
+        _sig("aten::bmm", "bmm(small)", 100, "cuda", flaggems=(10.0, 2.0, True),
+             cuda=(12.0, 3.0, True), native="same"),
+        _sig("aten::bmm", "bmm(big)", 10, "cuda", flaggems=(20.0, 500.0, True),
+             cuda=(12.0, 300.0, True), native="same"),
+    )
+    assert (d["add.Tensor"].chosen, d["add.Tensor"].current) == ("cuda", "flaggems")
+    assert d["add.Tensor"].per_call_us == {"flaggems": 40.0, "cuda": 8.0, "native": 8.0}
+    assert d["mm"].chosen == "flaggems"  # cuda saves 3%: not enough
+    assert d["exp"].chosen == "cuda" and d["exp"].rejected["flaggems"].startswith("wrong on exp(b)")
+    assert d["bmm"].chosen == "cuda"  # 100*12 + 10*300 < 100*10 + 10*500
+    assert d["bmm"].note.startswith("speed depends on shape: cuda fastest on 1 signature(s)")
+    assert "flaggems fastest on 1 signature(s)" in d["bmm"].note
+    text = torch_fl.tuning.evidence(d["add.Tensor"])
+    assert text.startswith("100 calls, 1 signature; per call: cuda 8 us (host 8 us, device 6 us)")
+    assert "flaggems 40 us (host 40 us, device 5 us)" in text and text.endswith("was flaggems")
