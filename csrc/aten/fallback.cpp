@@ -24,6 +24,7 @@
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
+#include "flaggems/launcher.h"
 #include "routing/table.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
@@ -72,6 +73,30 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return false;
 }
 
+// Counts (and logs) a call served by `backend`.
+void count_call(OpPlan& plan, Backend backend) {
+  plan.calls[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+  if (routing::log_enabled()) {
+    const uint8_t bit = uint8_t(1) << static_cast<int>(backend);
+    if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, backend);
+  }
+}
+
+// FlagGems' kernels launched from C++ (csrc/flaggems/launcher.h). True when
+// the call was served: launched from C++, or FlagGems' wrapper ran to check a
+// new kernel key. Otherwise the caller runs the wrapper as before or, with no
+// wrapper (stub-only mode), the native kernel, and counts it there.
+bool run_flaggems_cpp(const c10::OperatorHandle& op, OpPlan& plan, torch::jit::Stack* stack) {
+  if (plan.flaggems_op.load(std::memory_order_relaxed) == nullptr || !flaggems::cpp_enabled()) {
+    return false;
+  }
+  const flaggems::Ran ran = flaggems::run(op, plan, stack);
+  if (ran == flaggems::Ran::kNotServed) return false;
+  if (ran == flaggems::Ran::kCpp) plan.flaggems_cpp_calls.fetch_add(1, std::memory_order_relaxed);
+  count_call(plan, Backend::kFlagGems);
+  return true;
+}
+
 }  // namespace
 
 // Hot path: a cached plan lookup, two relaxed atomic loads to check the
@@ -86,6 +111,11 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   Backend backend = plan.backend.load(std::memory_order_relaxed);
   if (backend == Backend::kFlagGems && flaggems_declines(plan, *stack)) {
     backend = Backend::kNative;
+  }
+  if (backend == Backend::kFlagGems) {
+    if (run_flaggems_cpp(op, plan, stack)) return;
+    // Stub-only mode has no FlagGems wrapper: what C++ does not serve runs natively.
+    if (plan.python_kernel.load(std::memory_order_relaxed) < 0) backend = Backend::kNative;
   }
   if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
     if (routing::fallback_policy() == routing::FallbackPolicy::kError) {

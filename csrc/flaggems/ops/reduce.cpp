@@ -1,0 +1,254 @@
+// One-dimension reductions: mean.dim (ops/mean.py mean_dim_comm, one dim),
+// argmax with a dim (ops/argmax.py), and all (ops/all.py, no dim). Each
+// views the input as [M, N, K] around the reduced dim (after .contiguous()),
+// and picks a kernel by K: FlagGems' heuristics (runtime/backend/_nvidia/
+// heuristics_config_utils.py) recomputed here, SM count included.
+
+#include <cmath>
+
+#include "flaggems/cuda_launch.h"
+#include "flaggems/ops/common.h"
+
+namespace torch_fl::flaggems::ops {
+namespace {
+
+KernelSlot g_mean_vec{"flag_gems.ops.mean", "mean_dim_kernel_non_inner_vec",
+                      {"output_ptr", "input_ptr", "M", "N", "K", "BLOCK_SIZE_K", "VEC_SIZE"}};
+KernelSlot g_mean_non_inner{"flag_gems.ops.mean", "mean_dim_kernel_non_inner",
+                            {"output_ptr", "input_ptr", "M", "N", "K", "TILE_N", "TILE_K",
+                             "ONE_TILE_PER_CTA"}};
+KernelSlot g_mean_inner{"flag_gems.ops.mean", "mean_dim_kernel_inner",
+                        {"output_ptr", "input_ptr", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
+KernelSlot g_argmax_non_inner{"flag_gems.ops.argmax", "argmax_kernel_non_inner",
+                              {"inp", "out_index", "M", "N", "K", "TILE_K", "TILE_N",
+                               "ONE_TILE_PER_CTA"}};
+KernelSlot g_argmax_inner{"flag_gems.ops.argmax", "argmax_kernel_inner",
+                          {"inp", "out_index", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
+KernelSlot g_all_1{"flag_gems.ops.all", "all_kernel_1",
+                   {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
+KernelSlot g_all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
+
+int warps_by_tile(int64_t tile) { return tile < 2048 ? 4 : tile < 4096 ? 8 : 16; }
+
+// heuristics "softmax_inner" (also mean's and argmax's inner kernels).
+int64_t tile_n_inner(int64_t n) { return n <= 32 * 1024 ? next_pow2(n) : 4096; }
+
+// mean_heur_tile_k.
+int64_t mean_tile_k(int64_t M, int64_t K, int sms) {
+  int64_t tile_k = 1;
+  int64_t upper = std::min<int64_t>(K, 512);
+  upper = std::min<int64_t>(upper, std::max<int64_t>(1, 4096 / 64));
+  while (tile_k <= upper) {
+    const double waves = static_cast<double>(M * cdiv(K, tile_k)) / sms;
+    if (waves > 1 && tile_k * 2 <= upper) {
+      tile_k *= 2;
+    } else {
+      break;
+    }
+  }
+  const int64_t min_tile_k = cdiv(K, 65535);
+  if (min_tile_k > tile_k) tile_k = next_pow2(min_tile_k);
+  return tile_k;
+}
+
+// mean_heur_tile_n_non_inner.
+int64_t mean_tile_n(int64_t N, int64_t tile_k) {
+  const int64_t limit = std::max<int64_t>(1, 4096 / tile_k);
+  int64_t desired = std::min(std::max<int64_t>(N, 64), limit);
+  desired = std::min({desired, int64_t{2048}, limit});
+  int64_t tile_n = next_pow2(desired);
+  if (tile_n > limit) tile_n = limit;
+  return std::max<int64_t>(tile_n, 64);
+}
+
+// argmax_heur_tile_k.
+int64_t argmax_tile_k(int64_t M, int64_t K, bool fp32, int sms) {
+  if (M == 64 && K == 512) return fp32 ? 64 : 128;
+  if (K <= 128) {
+    if (K <= 0) return 1;
+    int bits = 0;
+    for (int64_t k = K; k; k >>= 1) ++bits;
+    return int64_t{1} << (bits - 1);
+  }
+  int64_t tile_k = 64;
+  const int64_t upper = std::min<int64_t>(K, 512);
+  while (tile_k <= upper) {
+    const double waves = static_cast<double>(M * cdiv(K, tile_k)) / sms;
+    if (waves > 1 && tile_k * 2 <= upper) {
+      tile_k *= 2;
+    } else {
+      break;
+    }
+  }
+  return tile_k;
+}
+
+// argmax_heur_tile_n_non_inner.
+int64_t argmax_tile_n(int64_t n, int64_t tile_k) {
+  if (n <= 128) return n;
+  int64_t tile_n = next_pow2(std::min<int64_t>(8192, n));
+  tile_n = std::max<int64_t>(64, std::min<int64_t>(tile_n, 4096));
+  if (tile_n * tile_k > 32768) tile_n = std::max<int64_t>(64, 32768 / tile_k);
+  return tile_n;
+}
+
+// argmax_heur_num_warps_non_inner.
+int argmax_warps(int64_t tile_n, bool fp32) {
+  int w = tile_n <= 32 ? 2 : tile_n <= 128 ? 4 : 8;
+  return fp32 ? std::min(w, 4) : w;
+}
+
+// The sizes of the result: `dim` dropped, or kept as 1.
+c10::SmallVector<int64_t, 6> reduced_shape(c10::IntArrayRef sizes, int64_t dim, bool keepdim) {
+  c10::SmallVector<int64_t, 6> shape(sizes.begin(), sizes.end());
+  if (keepdim) {
+    shape[dim] = 1;
+  } else {
+    shape.erase(shape.begin() + dim);
+  }
+  return shape;
+}
+
+Outcome plan_all(Call& call, CallPlan& plan) {
+  const at::Tensor* self = call.tensor(0);
+  if (!self || !self->is_contiguous() || elem_type(self->scalar_type()) == abi::TType::kInvalid) {
+    return Outcome::kDecline;  // all_kernel_1 reads the input as a flat buffer
+  }
+  Outcome o = Outcome::kPlanned;
+  const JitFn* k1 = need(g_all_1, plan, &o);
+  if (!k1) return o;
+  const JitFn* k2 = need(g_all_2, plan, &o);
+  if (!k2) return o;
+  const int64_t n = self->numel();
+  const int64_t block = next_pow2(static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n)))));
+  const int64_t mid_size = cdiv(n, block);
+  at::Tensor mid = call.empty({mid_size}, c10::kBool);
+  at::Tensor out = call.empty({}, c10::kBool);
+  plan.keep.push_back(mid);
+  Launch& a = plan.add_launch();
+  a.start(k1);
+  a.grid[0] = static_cast<uint32_t>(mid_size);
+  a.ptr(*self);
+  a.ptr(mid);
+  a.i(n);
+  a.i(mid_size);
+  a.i(block);
+  Launch& b = plan.add_launch();
+  b.start(k2);
+  b.ptr(mid);
+  b.ptr(out);
+  b.i(mid_size);
+  b.i(next_pow2(mid_size));
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+}  // namespace
+
+// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim) / all(self).
+Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
+  const Reduce which = *static_cast<const Reduce*>(op.family);
+  if (which == Reduce::kAll) return plan_all(call, plan);
+  const bool is_mean = which == Reduce::kMean;
+  const at::Tensor* self = call.tensor(0);
+  if (!self || !is_float(self->scalar_type())) return Outcome::kDecline;
+  int64_t dim = 0;
+  const c10::IValue& dims = call.arg(1);
+  if (is_mean) {
+    if (!dims.isIntList()) return Outcome::kDecline;
+    auto list = dims.toIntList();
+    if (list.size() != 1) return Outcome::kDecline;  // several dims: dim_compress + autotuned kernel
+    dim = list.get(0);
+  } else if (!int_arg(dims, &dim)) {
+    return Outcome::kDecline;  // argmax over everything: two kernels, not planned here
+  }
+  if (!wrap_dim(dim, self->dim(), &dim)) return Outcome::kDecline;
+  if (!call.arg(2).isBool()) return Outcome::kDecline;
+  const bool keepdim = call.arg(2).toBool();
+  c10::ScalarType out_dtype = is_mean ? self->scalar_type() : c10::kLong;
+  if (is_mean && !call.arg(3).isNone()) {
+    if (!call.arg(3).isInt()) return Outcome::kDecline;
+    out_dtype = static_cast<c10::ScalarType>(call.arg(3).toInt());
+    if (!is_float(out_dtype)) return Outcome::kDecline;
+  }
+
+  Outcome o = Outcome::kPlanned;
+  const int64_t N = self->size(dim);
+  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
+  const int64_t K = self->numel() / M / N;
+  const bool fp32 = self->scalar_type() == c10::kFloat;
+  const int sms = cuda::sm_count(call.device());
+  const JitFn* fn;
+  if (is_mean) {
+    fn = need(K >= 1024 ? g_mean_vec : K > 1 ? g_mean_non_inner : g_mean_inner, plan, &o);
+  } else {
+    fn = need(K > 1 ? g_argmax_non_inner : g_argmax_inner, plan, &o);
+  }
+  if (!fn) return o;
+
+  at::Tensor inp = call.contiguous(*self, plan);
+  // torch.empty(shape with dim = 1), squeezed unless keepdim: the same
+  // geometry as a contiguous tensor of the final shape.
+  at::Tensor out = call.empty(reduced_shape(self->sizes(), dim, keepdim), out_dtype);
+  Launch& L = plan.add_launch();
+  L.start(fn);
+  if (is_mean) {
+    L.ptr(out);
+    L.ptr(inp);
+    L.i(M);
+    L.i(N);
+    if (K >= 1024) {
+      const bool half = !fp32;
+      const int64_t vec = half ? 8 : 1;
+      const int64_t bk = half ? 128 : std::min<int64_t>(next_pow2(K), 512);
+      L.i(K);
+      L.i(bk);
+      L.i(vec);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, bk * vec));
+      L.num_warps = bk <= 128 ? 8 : 16;
+    } else if (K > 1) {
+      const int64_t tk = mean_tile_k(M, K, sms);
+      const int64_t tn = mean_tile_n(N, tk);
+      L.i(K);
+      L.i(tn);
+      L.i(tk);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
+      L.num_warps = warps_by_tile(tn * tk);
+    } else {
+      const int64_t tn = tile_n_inner(N);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.num_warps = warps_by_tile(tn);
+    }
+  } else {
+    L.ptr(inp);
+    L.ptr(out);
+    L.i(M);
+    L.i(N);
+    if (K > 1) {
+      const int64_t tk = argmax_tile_k(M, K, fp32, sms);
+      const int64_t tn = argmax_tile_n(N, tk);
+      L.i(K);
+      L.i(tk);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
+      L.num_warps = argmax_warps(tn, fp32);
+    } else {
+      const int64_t tn = tile_n_inner(N);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.num_warps = warps_by_tile(tn);
+    }
+  }
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+}  // namespace torch_fl::flaggems::ops
