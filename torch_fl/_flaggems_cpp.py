@@ -292,7 +292,27 @@ def compile(fn_id: int, specs: list, num_warps: int, num_stages: int) -> dict:  
     })
     kernel = triton.compile(ASTSource(jit, signature, constexprs, attrs), target=target,
                             options=options.__dict__)
-    return _binary(kernel.metadata, kernel.asm["cubin"])
+    out = _binary(kernel.metadata, kernel.asm["cubin"])
+    out["entry_sizes"] = _entry_sizes(kernel.asm.get("ptx", ""), kernel.metadata.name)
+    return out
+
+
+_PTX_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
+
+
+def _entry_sizes(ptx: str, name: str) -> list:
+    """Byte sizes of the PTX entry's parameters (what cuFuncGetParamInfo reports)."""
+    import re
+
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if not m:
+        return []
+    sizes = []
+    for p in m.group(1).split(","):
+        t = re.search(r"\.param\s+\.[a-z]+(\d+)", p)
+        if t:
+            sizes.append(_PTX_SIZES[t.group(1)])
+    return sizes
 
 
 # ---- installation --------------------------------------------------------------------

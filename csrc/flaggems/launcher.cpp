@@ -821,3 +821,54 @@ std::string check_against_capture(const std::string& aten_op, std::vector<c10::I
 }
 
 }  // namespace torch_fl::flaggems
+
+namespace torch_fl::flaggems {
+
+std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c10::IValue> args) {
+  OpDesc* d = find_desc(aten_op);
+  TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
+  PythonSide* side = python_side();
+  TORCH_CHECK(side != nullptr, "flagos: the FlagGems Python side is not installed");
+  for (int round = 0; round < 8; ++round) {
+    Call call(args.data(), static_cast<int>(args.size()));
+    CallPlan plan;
+    const Outcome o = d->planner(*d, call, plan);
+    if (o == Outcome::kNeedExport) {
+      bool ok = plan.need_slot        ? resolve(*plan.need_slot)
+                : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
+                                      : false;
+      TORCH_CHECK(ok, "flagos: exporting a FlagGems function for ", aten_op, " failed");
+      continue;
+    }
+    TORCH_CHECK(o == Outcome::kPlanned, "flagos: ", aten_op, " is not planned for these arguments");
+    std::vector<std::string> hashes;
+    for (int i = 0; i < plan.nlaunches; ++i) {
+      const Launch& L = plan.launches[i];
+      Prepared prep;
+      TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
+      CompileRequest req;
+      req.fn_id = L.fn->id;
+      req.specs.assign(prep.specs, prep.specs + L.n);
+      req.values.assign(L.args, L.args + L.n);
+      req.num_warps = L.num_warps;
+      req.num_stages = L.num_stages;
+      std::string error;
+      KernelBinary b = side->compile(req, &error);
+      TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
+      if (!b.entry_sizes.empty()) {
+        bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;
+        for (int j = 0; same && j < prep.packed.count; ++j) {
+          same = b.entry_sizes[j] == prep.packed.sizes[j];
+        }
+        TORCH_CHECK(same, "flagos: ", L.fn->ref, "'s PTX entry takes ", b.entry_sizes.size(),
+                    " parameters, the Triton packing fills ", prep.packed.count,
+                    " (or their sizes differ)");
+      }
+      hashes.push_back(b.hash);
+    }
+    return hashes;
+  }
+  TORCH_CHECK(false, "flagos: planning ", aten_op, " did not converge");
+}
+
+}  // namespace torch_fl::flaggems

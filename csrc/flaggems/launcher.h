@@ -98,4 +98,9 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args);
 std::string check_against_capture(const std::string& aten_op, std::vector<c10::IValue> args,
                                   const std::function<std::vector<c10::IValue>()>& run_wrapper);
 
+// Compiles every kernel of `aten_op`'s plan on `args` from FlagGems' sources
+// (as stub-only mode does) and returns Triton's hash of each, or throws; also
+// checks that each PTX entry takes exactly the parameters pack() fills.
+std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c10::IValue> args);
+
 }  // namespace torch_fl::flaggems

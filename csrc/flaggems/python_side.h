@@ -59,6 +59,8 @@ struct KernelBinary {
   int num_warps = 0, num_stages = 0, num_ctas = 1;
   int64_t global_scratch = 0, profile_scratch = 0;
   bool cooperative = false, pdl = false, tensor_descriptors = false;
+  // Sizes of the PTX entry's parameters when known (offline checks).
+  std::vector<int> entry_sizes;
 };
 
 struct CapturedLaunch {

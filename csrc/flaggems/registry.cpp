@@ -135,6 +135,7 @@ bool resolve(PointwiseSlot& slot) {
 }
 
 bool resolve_rank(PointwiseSlot& slot, int rank) {
+  if (rank == 0) return resolve(slot);  // the function's layout, before any rank
   if (rank < 1 || rank > kMaxPointwiseRank) return false;
   SlotState s = slot.rank_state[rank].load(std::memory_order_acquire);
   if (s != SlotState::kUnresolved) return s == SlotState::kReady;

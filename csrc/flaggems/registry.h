@@ -95,7 +95,7 @@ struct TunerSlot {
 // be served (no Python side, FlagGems lacks it, its parameters changed).
 bool resolve(KernelSlot& slot);
 bool resolve(PointwiseSlot& slot);
-bool resolve_rank(PointwiseSlot& slot, int rank);
+bool resolve_rank(PointwiseSlot& slot, int rank);  // rank 0: the layout only
 
 const JitFn* jit_fn(int id) noexcept;
 

@@ -44,6 +44,7 @@ KernelBinary binary_of(const py::dict& d) {
   b.cooperative = d["cooperative"].cast<bool>();
   b.pdl = d["pdl"].cast<bool>();
   b.tensor_descriptors = d["tensor_descriptors"].cast<bool>();
+  if (d.contains("entry_sizes")) b.entry_sizes = d["entry_sizes"].cast<std::vector<int>>();
   return b;
 }
 
@@ -284,6 +285,11 @@ void init_flaggems(py::module& m) {
     out["launches"] = launches;
     out["results"] = r.results;
     return out;
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
+  m.def("_flaggems_compile_hashes", [](const std::string& op, py::tuple args, py::dict kwargs) {
+    HANDLE_TH_ERRORS
+    return compile_plan(op, stack_of(op, args, kwargs));
     END_HANDLE_TH_ERRORS_PYBIND
   });
   m.def("_flaggems_check", [](const std::string& op, py::tuple args, py::dict kwargs,

@@ -4,6 +4,8 @@
 // (.contiguous(), dim_compress, the permute back) are made here too, with
 // flagos' own copy.
 
+#include <ATen/TensorUtils.h>
+
 #include "flaggems/ops/common.h"
 
 namespace torch_fl::flaggems::ops {
@@ -154,15 +156,23 @@ Outcome plan_index_select(const OpDesc&, Call& call, CallPlan& plan) {
     plan.results.push_back(out);
     return Outcome::kPlanned;
   }
-  // out.permute(order).contiguous(): order = [0, .., ndim-2] with ndim-1 at dim.
+  // out.permute(order).contiguous().reshape(...): order = [0, .., ndim-2] with
+  // ndim-1 at dim. A permuted view that is contiguous already (size-1 dims)
+  // stays a view, whose strides the reshape recomputes (computeStride).
   int64_t back[6];
   k = 0;
   for (int64_t i = 0; i < ndim; ++i) back[i] = i == dim ? ndim - 1 : k++;
-  at::Tensor result = permuted(out, back);
-  if (!result.is_contiguous()) {
+  at::Tensor view_back = permuted(out, back);
+  at::Tensor result;
+  if (view_back.is_contiguous()) {
+    auto strides =
+        at::detail::computeStride(view_back.sizes(), view_back.strides(), view_back.sizes());
+    if (!strides) return Outcome::kDecline;
+    result = view_of(out, view_back.sizes(), *strides, out.storage_offset());
+  } else {
     plan.keep.push_back(out);
-    plan.post_src = result;
-    result = call.empty(result.sizes(), result.scalar_type());
+    plan.post_src = view_back;
+    result = call.empty(view_back.sizes(), view_back.scalar_type());
     plan.post_dst = result;
     plan.post = post_copy;
   }

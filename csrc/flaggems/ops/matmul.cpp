@@ -89,17 +89,20 @@ Outcome plan_addmm(Call& call, CallPlan& plan) {
     return Outcome::kDecline;
   }
   const int64_t M = m1->size(0), K = m1->size(1), N = m2->size(1);
-  // bias.broadcast_to((M, N)).
+  // bias.broadcast_to((M, N)): expand's geometry (a new leading dim takes
+  // stride size*stride of the next; a stretched size-1 dim takes 0).
+  const int64_t target[2] = {M, N};
   int64_t bs[2] = {0, 0};
   const int64_t bdim = bias->dim();
-  for (int64_t d = 0; d < bdim; ++d) {
-    const int64_t od = 2 - bdim + d;
-    const int64_t want = od == 0 ? M : N;
-    if (bias->size(d) == want) {
-      bs[od] = bias->stride(d);
-    } else if (bias->size(d) != 1) {
-      return Outcome::kDecline;  // FlagGems asserts
+  for (int64_t i = 1; i >= 0; --i) {
+    const int64_t d = bdim - 2 + i;  // the bias dim aligned with output dim i
+    int64_t size = d >= 0 ? bias->size(d) : 1;
+    int64_t stride = d >= 0 ? bias->stride(d) : (i == 1 ? 1 : target[1] * bs[1]);
+    if (size != target[i]) {
+      if (size != 1) return Outcome::kDecline;  // FlagGems asserts
+      stride = 0;
     }
+    bs[i] = stride;
   }
   Outcome o = Outcome::kPlanned;
   const JitFn* fn = need(g_addmm, plan, &o);

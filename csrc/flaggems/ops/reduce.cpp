@@ -232,6 +232,7 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
     if (K > 1) {
       const int64_t tk = argmax_tile_k(M, K, fp32, sms);
       const int64_t tn = argmax_tile_n(N, tk);
+      if (next_pow2(tn) != tn) return Outcome::kDecline;  // FlagGems' kernel does not compile
       L.i(K);
       L.i(tk);
       L.i(tn);
