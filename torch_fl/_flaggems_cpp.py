@@ -27,7 +27,9 @@ import threading
 
 _fns = []      # export id -> JITFunction
 _ids = {}      # id(JITFunction) -> export id
-_capture = None  # the capture in progress: dict(thread, launches, total)
+# Captures in progress, by thread: FlagGems' wrappers release the GIL inside
+# torch calls, so another thread may capture at the same time.
+_captures = {}
 
 
 # ---- finding FlagGems --------------------------------------------------------------
@@ -96,8 +98,8 @@ def _jit_function(obj):
 
 def _record_launch(fn_id):
     def launch_metadata(grid, metadata, args):
-        cap = _capture
-        if cap is not None and cap["thread"] == threading.get_ident():
+        cap = _captures.get(threading.get_ident())
+        if cap is not None:
             cap["launches"].append((fn_id, tuple(grid), metadata, dict(args)))
         return {}
     return launch_metadata
@@ -182,18 +184,17 @@ def pointwise_info(ref: str) -> dict:
 # ---- capture -------------------------------------------------------------------------
 
 def _enter_hook(lazy):
-    cap = _capture
-    if cap is None or cap["thread"] != threading.get_ident():
+    cap = _captures.get(threading.get_ident())
+    if cap is None:
         return
     cap["total"] += 1
     lazy.get()  # runs the exported functions' launch_metadata (_record_launch)
 
 
 def capture_begin() -> None:
-    global _capture
     import triton
 
-    _capture = {"thread": threading.get_ident(), "launches": [], "total": 0}
+    _captures[threading.get_ident()] = {"launches": [], "total": 0}
     triton.knobs.runtime.launch_enter_hook.add(_enter_hook)
 
 
@@ -237,11 +238,11 @@ def _binary(md, cubin) -> dict:
 
 
 def capture_end() -> dict:
-    global _capture
     import triton
 
-    cap, _capture = _capture, None
-    triton.knobs.runtime.launch_enter_hook.remove(_enter_hook)
+    cap = _captures.pop(threading.get_ident(), None)
+    if not _captures:
+        triton.knobs.runtime.launch_enter_hook.remove(_enter_hook)
     if cap is None:
         return {"total": 0, "error": "no capture in progress", "launches": []}
     launches = []

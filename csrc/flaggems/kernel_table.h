@@ -28,7 +28,8 @@ struct Kernel {
   std::string pin_reason;
   uint8_t sizes[abi::kMaxParams + abi::kScratchParams];
   int count = 0;  // packed parameters (for the load-time check)
-  std::mutex load_mu;
+  std::mutex load_mu;   // loading per device
+  std::mutex admit_mu;  // one admission (or pin) at a time
   std::array<std::atomic<void*>, 64> function{};  // CUfunction per device
 
   // The CUfunction for `device`, loading the module on first use. Throws with

@@ -133,6 +133,10 @@ std::string unsupported(const KernelBinary& b) {
 // loaded here.
 bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool verified,
                 c10::DeviceIndex device, const char* op, std::string* why) {
+  std::lock_guard<std::mutex> lock(k->admit_mu);
+  // Another thread may have admitted it meanwhile (slow paths release the GIL
+  // inside FlagGems' wrappers): its fields are then read by launches already.
+  if (k->state.load(std::memory_order_acquire) == KernelState::kReady) return true;
   *why = unsupported(b);
   if (!why->empty()) return false;
   k->binary = b;
@@ -153,8 +157,12 @@ bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool ver
 
 void pin(Kernel* k, const OpDesc& d, const std::string& why) {
   if (!k) return;
-  k->pin_reason = why;
-  k->state.store(KernelState::kPinned, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(k->admit_mu);
+    if (k->state.load(std::memory_order_acquire) != KernelState::kRetry) return;
+    k->pin_reason = why;
+    k->state.store(KernelState::kPinned, std::memory_order_release);
+  }
   count(kPinned);
   std::string msg = std::string(d.aten) + ": " + why;
   {

@@ -4,18 +4,13 @@
 
 #include <cstdint>
 
+#include "flaggems/ops/heuristics.h"
 #include "flaggems/plan.h"
 
 namespace torch_fl::flaggems::ops {
 
-inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// triton.next_power_of_2 (0 -> 0, 1 -> 1, 5 -> 8).
-inline int64_t next_pow2(int64_t n) {
-  uint64_t v = static_cast<uint64_t>(n) - 1;
-  for (int s = 1; s < 64; s <<= 1) v |= v >> s;
-  return static_cast<int64_t>(v + 1);
-}
+using heur::cdiv;
+using heur::next_pow2;
 
 // The JIT function of `slot`; when it is not exported yet, records the
 // request in `plan` and sets *o to kNeedExport (kDecline when it failed).

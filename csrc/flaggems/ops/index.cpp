@@ -138,8 +138,8 @@ Outcome plan_index_select(const OpDesc&, Call& call, CallPlan& plan) {
   c10::SmallVector<int64_t, 6> out_shape(inp.sizes().begin(), inp.sizes().end());
   out_shape.back() = index_len;
   at::Tensor out = call.empty(out_shape, self->scalar_type());
-  const int64_t bm = std::min<int64_t>(4, next_pow2(cdiv(256, N)));
-  const int64_t bn = std::max<int64_t>(std::min<int64_t>(next_pow2(cdiv(N, 16)), 512), 16);
+  const int64_t bm = heur::index_select_block_m(N);
+  const int64_t bn = heur::index_select_block_n(N);
   Launch& L = plan.add_launch();
   L.start(fn);
   L.grid[0] = static_cast<uint32_t>(cdiv(M, bm));

@@ -205,11 +205,7 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
 
   // Task partition (gen_task_partition).
   int64_t tiles[kMaxPointwiseRank];
-  int64_t budget = info->max_tile;
-  for (int i = ndim - 1; i >= 0; --i) {
-    tiles[i] = std::min<int64_t>(budget, next_pow2(task[i]));
-    budget = std::max<int64_t>(1, budget / tiles[i]);
-  }
+  heur::tile_sizes(info->max_tile, task.data(), ndim, tiles);
   int64_t tile_size = 1, num_tiles = 1, num_tasks = 1;
   for (int i = 0; i < ndim; ++i) {
     tile_size *= tiles[i];
@@ -222,7 +218,7 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
   Launch& L = plan.add_launch();
   L.start(fn);
   L.grid[0] = static_cast<uint32_t>(num_ctas);
-  L.num_warps = tile_size < 2048 ? 4 : tile_size < 4096 ? 8 : 16;
+  L.num_warps = static_cast<uint8_t>(heur::warps_by_tile(tile_size));
   int ti = 0;
   for (int k = 0; k < pw.nargs; ++k) {
     if (info->is_tensor[k]) {

@@ -28,75 +28,13 @@ KernelSlot g_all_1{"flag_gems.ops.all", "all_kernel_1",
                    {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
 KernelSlot g_all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
 
-int warps_by_tile(int64_t tile) { return tile < 2048 ? 4 : tile < 4096 ? 8 : 16; }
-
-// heuristics "softmax_inner" (also mean's and argmax's inner kernels).
-int64_t tile_n_inner(int64_t n) { return n <= 32 * 1024 ? next_pow2(n) : 4096; }
-
-// mean_heur_tile_k.
-int64_t mean_tile_k(int64_t M, int64_t K, int sms) {
-  int64_t tile_k = 1;
-  int64_t upper = std::min<int64_t>(K, 512);
-  upper = std::min<int64_t>(upper, std::max<int64_t>(1, 4096 / 64));
-  while (tile_k <= upper) {
-    const double waves = static_cast<double>(M * cdiv(K, tile_k)) / sms;
-    if (waves > 1 && tile_k * 2 <= upper) {
-      tile_k *= 2;
-    } else {
-      break;
-    }
-  }
-  const int64_t min_tile_k = cdiv(K, 65535);
-  if (min_tile_k > tile_k) tile_k = next_pow2(min_tile_k);
-  return tile_k;
-}
-
-// mean_heur_tile_n_non_inner.
-int64_t mean_tile_n(int64_t N, int64_t tile_k) {
-  const int64_t limit = std::max<int64_t>(1, 4096 / tile_k);
-  int64_t desired = std::min(std::max<int64_t>(N, 64), limit);
-  desired = std::min({desired, int64_t{2048}, limit});
-  int64_t tile_n = next_pow2(desired);
-  if (tile_n > limit) tile_n = limit;
-  return std::max<int64_t>(tile_n, 64);
-}
-
-// argmax_heur_tile_k.
-int64_t argmax_tile_k(int64_t M, int64_t K, bool fp32, int sms) {
-  if (M == 64 && K == 512) return fp32 ? 64 : 128;
-  if (K <= 128) {
-    if (K <= 0) return 1;
-    int bits = 0;
-    for (int64_t k = K; k; k >>= 1) ++bits;
-    return int64_t{1} << (bits - 1);
-  }
-  int64_t tile_k = 64;
-  const int64_t upper = std::min<int64_t>(K, 512);
-  while (tile_k <= upper) {
-    const double waves = static_cast<double>(M * cdiv(K, tile_k)) / sms;
-    if (waves > 1 && tile_k * 2 <= upper) {
-      tile_k *= 2;
-    } else {
-      break;
-    }
-  }
-  return tile_k;
-}
-
-// argmax_heur_tile_n_non_inner.
-int64_t argmax_tile_n(int64_t n, int64_t tile_k) {
-  if (n <= 128) return n;
-  int64_t tile_n = next_pow2(std::min<int64_t>(8192, n));
-  tile_n = std::max<int64_t>(64, std::min<int64_t>(tile_n, 4096));
-  if (tile_n * tile_k > 32768) tile_n = std::max<int64_t>(64, 32768 / tile_k);
-  return tile_n;
-}
-
-// argmax_heur_num_warps_non_inner.
-int argmax_warps(int64_t tile_n, bool fp32) {
-  int w = tile_n <= 32 ? 2 : tile_n <= 128 ? 4 : 8;
-  return fp32 ? std::min(w, 4) : w;
-}
+using heur::argmax_tile_k;
+using heur::argmax_tile_n;
+using heur::argmax_warps;
+using heur::mean_tile_k;
+using heur::mean_tile_n;
+using heur::tile_n_inner;
+using heur::warps_by_tile;
 
 // The sizes of the result: `dim` dropped, or kept as 1.
 c10::SmallVector<int64_t, 6> reduced_shape(c10::IntArrayRef sizes, int64_t dim, bool keepdim) {

@@ -30,22 +30,7 @@ TunerSlot g_tune_bwd_non_inner{&g_bwd_non_inner, {"TILE_K"}};
 TunerSlot g_tune_bwd_inner{&g_bwd_inner, {"TILE_N"}};
 TunerSlot g_tune_log_bwd{&g_log_bwd, {"BLOCK_M", "BLOCK_N"}};
 
-int warps_by_tile(int64_t tile) { return tile < 2048 ? 4 : tile < 4096 ? 8 : 16; }
-
-// softmax_heur_tile_k.
-int64_t tile_k_non_inner(int64_t M, int64_t K, int sms) {
-  int64_t tile_k = 1;
-  const int64_t upper = std::min<int64_t>(K, 8192);
-  while (tile_k <= upper) {
-    const double waves = static_cast<double>(M * cdiv(K, tile_k)) / sms;
-    if (waves > 1 && tile_k * 2 <= upper) {
-      tile_k *= 2;
-    } else {
-      break;
-    }
-  }
-  return tile_k;
-}
+using heur::warps_by_tile;
 
 }  // namespace
 
@@ -135,7 +120,7 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.num_warps = forward ? 8 : cfg->num_warps;
     if (!forward) L.num_stages = cfg->num_stages;
   } else if (forward && K > 1) {
-    const int64_t tk = tile_k_non_inner(M, K, cuda::sm_count(call.device()));
+    const int64_t tk = heur::softmax_tile_k(M, K, cuda::sm_count(call.device()));
     const int64_t tn = cdiv(8192, tk);
     L.i(K);
     L.i(tn);
@@ -145,7 +130,7 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
     L.num_warps = warps_by_tile(tn * tk);
   } else if (forward) {
-    const int64_t tn = N <= 32 * 1024 ? next_pow2(N) : 4096;
+    const int64_t tn = heur::tile_n_inner(N);
     L.i(tn);
     L.b(tn >= N);
     L.grid[0] = static_cast<uint32_t>(M);
