@@ -18,11 +18,8 @@
 namespace torch_fl::flaggems::cuda {
 namespace {
 
-constexpr int kMaxDevices = 64;
 std::atomic<int> g_arch_override{0};
 std::atomic<int> g_sms_override{0};
-std::array<std::atomic<int>, kMaxDevices> g_arch{};
-std::array<std::atomic<int>, kMaxDevices> g_sms{};
 
 }  // namespace
 
@@ -33,6 +30,10 @@ void override_device(int arch, int sm_count) {
 
 #ifdef FLAGOS_WITH_CUDA
 namespace {
+
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> g_arch{};
+std::array<std::atomic<int>, kMaxDevices> g_sms{};
 
 // The driver functions, resolved once through the runtime.
 struct Driver {

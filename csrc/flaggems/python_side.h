@@ -31,9 +31,11 @@ struct ExportedFn {
 struct PointwiseInfo {
   std::string error;
   std::vector<bool> is_tensor;          // per positional argument
+  // torch._prims_common.ELEMENTWISE_TYPE_PROMOTION_KIND (kOther: not served).
+  enum class Method : uint8_t { kDefault, kNoOpmath, kIntToFloat, kAlwaysBool, kBoolToLong, kOther };
   struct Promotion {
     std::vector<int> args;              // positional arguments promoted together
-    std::string method;                 // "DEFAULT", "INT_TO_FLOAT", "ALWAYS_BOOL", ...
+    Method method;
   };
   std::vector<Promotion> promotions;    // one per output
   int max_tile = 0;                     // tile budget, after FlagGems' complex-dtype halving

@@ -50,15 +50,16 @@ struct ParamInfo {
 // get their value here too.
 enum class Kind : uint8_t { kPtr, kInt, kFloat, kBool, kNone };
 struct Value {
-  Kind kind = Kind::kNone;
-  TType elem = TType::kInvalid;  // element type of a kPtr
+  Kind kind;
+  TType elem;  // element type of a kPtr
   union {
     uint64_t ptr;
     int64_t i;
     double f;
     bool b;
   };
-  Value() noexcept : ptr(0) {}
+  // Trivial on purpose: plans hold arrays of values on the stack, per call.
+  Value() noexcept = default;
   static Value pointer(uint64_t p, TType elem) noexcept {
     Value v;
     v.kind = Kind::kPtr;
@@ -68,24 +69,33 @@ struct Value {
   }
   static Value integer(int64_t x) noexcept {
     Value v;
+    v.elem = TType::kInvalid;
     v.kind = Kind::kInt;
     v.i = x;
     return v;
   }
   static Value floating(double x) noexcept {
     Value v;
+    v.elem = TType::kInvalid;
     v.kind = Kind::kFloat;
     v.f = x;
     return v;
   }
   static Value boolean(bool x) noexcept {
     Value v;
+    v.elem = TType::kInvalid;
     v.kind = Kind::kBool;
     v.i = 0;
     v.b = x;
     return v;
   }
-  static Value none() noexcept { return Value(); }
+  static Value none() noexcept {
+    Value v;
+    v.kind = Kind::kNone;
+    v.elem = TType::kInvalid;
+    v.ptr = 0;
+    return v;
+  }
   bool operator==(const Value& o) const noexcept;
 };
 

@@ -136,7 +136,15 @@ class PySide final : public PythonSide {
       info.is_tensor = d["is_tensor"].cast<std::vector<bool>>();
       for (const auto& p : d["promotions"].cast<py::list>()) {
         auto t = p.cast<py::tuple>();
-        info.promotions.push_back({t[0].cast<std::vector<int>>(), t[1].cast<std::string>()});
+        const std::string m = t[1].cast<std::string>();
+        using M = PointwiseInfo::Method;
+        const M method = m == "DEFAULT"        ? M::kDefault
+                         : m == "NO_OPMATH"    ? M::kNoOpmath
+                         : m == "INT_TO_FLOAT" ? M::kIntToFloat
+                         : m == "ALWAYS_BOOL"  ? M::kAlwaysBool
+                         : m == "BOOL_TO_LONG" ? M::kBoolToLong
+                                               : M::kOther;
+        info.promotions.push_back({t[0].cast<std::vector<int>>(), method});
       }
       info.max_tile = d["max_tile"].cast<int>();
       info.max_grid0 = d["max_grid0"].cast<int>();

@@ -34,15 +34,23 @@ c10::ScalarType promote(const PointwiseInfo::Promotion& pr, const PointwiseOp& p
       return c10::kFloat;
     }
   }
-  c10::ScalarType r = at::native::result_type(state);
-  const std::string& m = pr.method;
-  if (m == "DEFAULT" || m == "NO_OPMATH") return r;
-  if (m == "INT_TO_FLOAT") {
-    return c10::isIntegralType(r, /*includeBool=*/true) ? c10::typeMetaToScalarType(c10::get_default_dtype())
-                                                       : r;
+  const c10::ScalarType r = at::native::result_type(state);
+  using M = PointwiseInfo::Method;
+  switch (pr.method) {
+    case M::kDefault:
+    case M::kNoOpmath:
+      return r;
+    case M::kIntToFloat:
+      return c10::isIntegralType(r, /*includeBool=*/true)
+                 ? c10::typeMetaToScalarType(c10::get_default_dtype())
+                 : r;
+    case M::kAlwaysBool:
+      return c10::kBool;
+    case M::kBoolToLong:
+      return r == c10::kBool ? c10::kLong : r;
+    case M::kOther:
+      break;
   }
-  if (m == "ALWAYS_BOOL") return c10::kBool;
-  if (m == "BOOL_TO_LONG") return r == c10::kBool ? c10::kLong : r;
   *ok = false;  // COMPLEX_TO_FLOAT and others: not served here
   return r;
 }
