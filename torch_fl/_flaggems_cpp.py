@@ -82,6 +82,15 @@ def import_flag_gems():
     return flag_gems
 
 
+def check_env() -> None:
+    """Validates this module's variables on every driver (C++ reads them again on the GPU)."""
+    for name, valid in (("FLAGOS_FLAGGEMS_CPP", ("0", "1")), ("FLAGOS_FLAGGEMS_VERIFY", ("first", "strict"))):
+        value = os.environ.get(name)
+        if value is not None and value not in valid:
+            raise ValueError(f"{name}={value!r} is not valid: use " + " or ".join(valid))
+    source_dir()
+
+
 # ---- exports ---------------------------------------------------------------------------
 
 def _jit_function(obj):

@@ -136,7 +136,7 @@ def register() -> list:
     Raises ValueError when FLAGGEMS_SOURCE_DIR names no flag_gems sources.
     """
     global _registered, _cpp_ops
-    _flaggems_cpp.source_dir()  # a wrong FLAGGEMS_SOURCE_DIR is an error on every driver
+    _flaggems_cpp.check_env()  # a wrong FLAGGEMS_SOURCE_DIR is an error on every driver
     if _C._driver_name() != "cuda":
         return []
     stub_only = _stub_only()
