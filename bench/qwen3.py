@@ -9,7 +9,10 @@ script:
   operator, CUDA's kernels for the rest);
 - ``flagos all-cuda``: flagos with ``* = cuda`` (every operator on PyTorch's
   CUDA kernels, through the routing path);
-- ``cuda``: native CUDA, TORCH_DEVICE_BACKEND_AUTOLOAD=0 (torch_fl never loaded).
+- ``cuda``: native CUDA, TORCH_DEVICE_BACKEND_AUTOLOAD=0 (torch_fl never loaded);
+- optional (--configs): ``flagos python`` (default routing, FlagGems' kernels
+  through its Python wrappers only: FLAGOS_FLAGGEMS_CPP=0) and ``flagos
+  stub-only`` (FLAGOS_DISABLE_FLAGGEMS_PY=1: only the C++-launched ones).
 
 Each process builds the model (examples/qwen3_workload.py), then:
 inference in bfloat16, batch B, prompt P, N new tokens, greedy, KV cache:
@@ -37,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 CONFIGS = ("cuda", "flagos all-cuda", "flagos")
+ALL_CONFIGS = CONFIGS + ("flagos python", "flagos stub-only")
 
 
 def child(a) -> int:
@@ -69,6 +73,9 @@ def child(a) -> int:
     if device == "flagos":
         summary = wl.routing_summary()
         out["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}
+        if summary.get("flaggems_cpp"):
+            s = summary["flaggems_cpp"]
+            out["flaggems_cpp"] = {k: s[k] for k in ("launched", "captures", "admitted", "pinned")}
     print("@@qwen3 " + json.dumps(out), flush=True)
     return 0
 
@@ -76,10 +83,16 @@ def child(a) -> int:
 def run_config(a, config: str, conf_path: str) -> dict:
     env = dict(os.environ)
     env.pop("FLAGOS_BACKEND_CONFIG", None)
+    for k in ("FLAGOS_FLAGGEMS_CPP", "FLAGOS_DISABLE_FLAGGEMS_PY"):
+        env.pop(k, None)
     if config == "cuda":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     elif config == "flagos all-cuda":
         env["FLAGOS_BACKEND_CONFIG"] = conf_path
+    elif config == "flagos python":
+        env["FLAGOS_FLAGGEMS_CPP"] = "0"
+    elif config == "flagos stub-only":
+        env["FLAGOS_DISABLE_FLAGGEMS_PY"] = "1"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--size", a.size,
            "--batch", str(a.batch), "--prompt-len", str(a.prompt_len),
            "--new-tokens", str(a.new_tokens), "--warmup", str(a.warmup),
@@ -102,10 +115,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json")
-    p.add_argument("--child", choices=CONFIGS, dest="config", help=argparse.SUPPRESS)
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, from {', '.join(ALL_CONFIGS)} (cuda is always run)")
+    p.add_argument("--child", choices=ALL_CONFIGS, dest="config", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.config:
         return child(a)
+    configs = tuple(c.strip() for c in a.configs.split(",") if c.strip())
+    bad = [c for c in configs if c not in ALL_CONFIGS]
+    if bad:
+        p.error(f"unknown configs {bad}: choose from {', '.join(ALL_CONFIGS)}")
+    configs = ("cuda",) + tuple(c for c in configs if c != "cuda")
 
     import torch
 
@@ -116,10 +136,10 @@ def main(argv=None) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
         f.write("* = cuda\n")
         conf = f.name
-    runs = {c: [] for c in CONFIGS}
+    runs = {c: [] for c in configs}
     try:
         for r in range(a.rounds):
-            order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
+            order = configs if r % 2 == 0 else tuple(reversed(configs))
             for c in order:
                 runs[c].append(run_config(a, c, conf))
                 x = runs[c][-1]
@@ -129,10 +149,11 @@ def main(argv=None) -> int:
         os.unlink(conf)
     med = statistics.median
     rows = {}
-    for c in CONFIGS:
+    for c in configs:
         rows[c] = {k: med(x[k] for x in runs[c])
                    for k in ("prefill_tok_s", "decode_tok_s", "train_step_s")}
         rows[c]["routing"] = runs[c][-1].get("routing")
+        rows[c]["flaggems_cpp"] = runs[c][-1].get("flaggems_cpp")
         rows[c]["tokens_equal_cuda"] = runs[c][-1]["tokens"] == runs["cuda"][-1]["tokens"]
     base = rows["cuda"]
     print(f"Qwen3 {a.size} (random weights), {torch.cuda.get_device_name(0)}, torch "
@@ -141,7 +162,7 @@ def main(argv=None) -> int:
           f"{time.monotonic() - t_start:.0f} s")
     print(f"{'config':<17} {'prefill tok/s':>14} {'x cuda':>7} {'decode tok/s':>13} {'x cuda':>7} "
           f"{'train step ms':>14} {'x cuda':>7}")
-    for c in CONFIGS:
+    for c in configs:
         r = rows[c]
         r["prefill_vs_cuda"] = r["prefill_tok_s"] / base["prefill_tok_s"]
         r["decode_vs_cuda"] = r["decode_tok_s"] / base["decode_tok_s"]
@@ -151,10 +172,14 @@ def main(argv=None) -> int:
               f"{r['train_step_s'] * 1e3:>14.1f} {r['train_step_vs_cuda']:>7.2f}")
     print("x cuda: tokens/s as a fraction of native CUDA's (higher is better); step time as a "
           "multiple of native CUDA's (lower is better)")
-    for c in CONFIGS:
+    for c in configs:
         if rows[c]["routing"]:
             print(f"{c} routing: " + ", ".join(f"{b} {o} ops/{n} calls"
                                              for b, (o, n) in sorted(rows[c]["routing"].items())))
+        if rows[c].get("flaggems_cpp"):
+            s = rows[c]["flaggems_cpp"]
+            print(f"{c} FlagGems from C++: launched {s['launched']}, captures {s['captures']}, "
+                  f"admitted {s['admitted']}, pinned {len(s['pinned'])} {s['pinned'][:3]}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -22,6 +22,14 @@ torch_fl built for this torch:
     PYTHONPATH=.:/work/main/.venv/lib/python3.11/site-packages \\
         /tmp/tv/bin/python scripts/flaggems_offline_check.py --cases 300 --seed 1 [--compile]
 
+With --online, the online flow itself runs on the host driver in a test-only
+dry run (nothing launches, results are not meaningful): FlagGems' wrappers are
+registered as flaggems kernels, and a few operators are called through the
+routing twice in a fresh flagos cache directory: the first call must capture
+(counted as flaggems-python) and admit its kernel to memory and disk, the
+second must be launched from C++ (counted as flaggems), and `python -m
+torch_fl routes` must say so.
+
 Exit status 0 when every case matches. Prints one line per mismatch.
 """
 
@@ -285,6 +293,63 @@ def data_cases(rng, g):
 FAMILIES = {"pointwise": pointwise_cases, "reduction": reduction_cases, "data": data_cases}
 
 
+def online(wrappers, stub_only) -> int:
+    """The routing -> capture -> admission -> hot path flow, dry (see --online)."""
+    import torch.nn.functional as F
+
+    from torch_fl import _C, _flaggems_cpp, routing
+
+    cases = {
+        "add.Tensor": lambda x: x + x,
+        "silu": lambda x: F.silu(x),
+        "_softmax": lambda x: torch.softmax(x, -1),
+        "mean.dim": lambda x: x.mean(-1),
+        "cat": lambda x: torch.cat([x, x], 0),
+        "bmm": lambda x: torch.bmm(x.view(2, 4, 16), x.view(2, 16, 4)),
+        "zero_": lambda x: x.clone().zero_(),
+    }
+    if not stub_only:
+        for op in cases:
+            _C._register_python_kernel(op, wrappers[op])
+    _C._flaggems_dry_run(True)
+    import triton
+
+    _C._flaggems_install(sorted(cases), triton.__version__, stub_only)
+    routing.reload()
+    x = torch.randn(8, 16).to("flagos")
+    bad = []
+    for op, fn in cases.items():
+        routing.reset_stats()
+        fn(x)  # first call of the kernel key: capture and admit
+        first = {s.op.removeprefix("aten::"): dict(s.calls) for s in routing.stats()}.get(op, {})
+        if op == "bmm":
+            fn(x)  # autotuned: the first capture may hold the benchmark
+        routing.reset_stats()
+        fn(x)
+        second = {s.op.removeprefix("aten::"): dict(s.calls) for s in routing.stats()}.get(op, {})
+        if stub_only:
+            # Compiled from FlagGems' sources at the first call; an autotuned kernel
+            # with no known config runs natively (no wrapper to learn it from).
+            want = {"native": 1} if op == "bmm" else {"flaggems": 1}
+            ok = first == want and second == want
+        else:
+            ok = second.get("flaggems") == 1 and ("flaggems-python" in first or "flaggems" in first)
+        print(f"{'ok' if ok else 'FAILED'} {op}: first call {first}, second call {second}")
+        if not ok:
+            bad.append(op)
+    stats = _C._flaggems_stats()
+    files = os.listdir(os.path.join(os.environ["FLAGOS_CACHE_DIR"], "flaggems"))
+    print(f"cpp stats: launched {stats['launched']}, captures {stats['captures']}, admitted "
+          f"{stats['admitted']}, pinned {stats['pinned']}; {len(files)} disk-cache files")
+    if stats["pinned"] or len(files) < len(cases) - stub_only:
+        bad.append("admission")
+    via = {r.op: r.via for r in routing.table() if r.resolved}
+    if via.get("aten::silu") != "c++":
+        bad.append(f"routes: silu via {via.get('aten::silu')!r}")
+    print("online flow:", "OK" if not bad else f"FAILED {bad}")
+    return 1 if bad else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=int, default=200)
@@ -292,8 +357,13 @@ def main() -> int:
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--compile", action="store_true",
                    help="also compile each plan from FlagGems' sources and compare Triton's hash")
+    p.add_argument("--online", action="store_true",
+                   help="run the online flow (capture, admission, hot path) in a dry run instead")
+    p.add_argument("--stub-only", action="store_true", help="with --online: the C++ stub-only mode")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args()
+    if a.online:
+        os.environ.setdefault("FLAGOS_CACHE_DIR", os.path.join(_tmp, "flagos"))
     rng, g = random.Random(a.seed), torch.Generator().manual_seed(a.seed)
 
     _stub_cuda()
@@ -319,6 +389,8 @@ def main() -> int:
     _C._flaggems_set_python_side(_flaggems_cpp)
     _C._flaggems_override_device(90, H100.multi_processor_count)
     wrappers = {entry[0]: entry[1] for entry in flag_gems._FULL_CONFIG if entry and len(entry) > 1}
+    if a.online:
+        return online(wrappers, a.stub_only)
 
     print(f"seed {a.seed}, triton {triton.__version__}, flag_gems from {os.path.dirname(flag_gems.__file__)}")
     families = [FAMILIES[f] for f in a.families.split(",")]

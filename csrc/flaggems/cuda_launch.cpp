@@ -20,8 +20,13 @@ namespace {
 
 std::atomic<int> g_arch_override{0};
 std::atomic<int> g_sms_override{0};
+std::atomic<bool> g_dry_run{false};
+int g_dry_function = 0;  // the address stands for every "loaded" kernel
 
 }  // namespace
+
+void set_dry_run(bool on) { g_dry_run.store(on); }
+bool dry_run() { return g_dry_run.load(std::memory_order_relaxed); }
 
 void override_device(int arch, int sm_count) {
   g_arch_override.store(arch);
@@ -134,7 +139,7 @@ int device_attribute(int device, cudaDeviceAttr attr) {
 
 }  // namespace
 
-bool available() { return driver().ok; }
+bool available() { return dry_run() || driver().ok; }
 
 int arch(int device) {
   if (int o = g_arch_override.load(std::memory_order_relaxed)) return o;
@@ -159,6 +164,10 @@ int sm_count(int device) {
 
 bool load(int device, const std::string& cubin, const std::string& name, uint32_t shared,
           int num_warps, const uint8_t* sizes, int count, Loaded* out, std::string* error) {
+  if (dry_run()) {
+    out->function = &g_dry_function;
+    return true;
+  }
   const Driver& d = driver();
   if (!d.ok) {
     *error = d.error;
@@ -233,7 +242,7 @@ bool load(int device, const std::string& cubin, const std::string& name, uint32_
 
 const char* launch(int device, void* function, const uint32_t grid[3], int num_warps,
                    uint32_t shared, void** params) {
-  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return nullptr;
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || dry_run()) return nullptr;
   const Driver& d = driver();
   make_current(device);
   CUlaunchConfig config{};
@@ -260,16 +269,20 @@ void memset_zero(int device, void* ptr, size_t nbytes) {
 
 #else  // !FLAGOS_WITH_CUDA
 
-bool available() { return false; }
+bool available() { return dry_run(); }
 int arch(int) { return g_arch_override.load(); }
 int sm_count(int) { return g_sms_override.load(); }
 bool load(int, const std::string&, const std::string&, uint32_t, int, const uint8_t*, int,
-          Loaded*, std::string* error) {
+          Loaded* out, std::string* error) {
+  if (dry_run()) {
+    out->function = &g_dry_function;
+    return true;
+  }
   *error = "this torch_fl was built without CUDA";
   return false;
 }
 const char* launch(int, void*, const uint32_t*, int, uint32_t, void**) {
-  return "this torch_fl was built without CUDA";
+  return dry_run() ? nullptr : "this torch_fl was built without CUDA";
 }
 void memset_zero(int, void*, size_t) { TORCH_CHECK(false, "flagos: built without CUDA"); }
 

@@ -11,8 +11,15 @@
 
 namespace torch_fl::flaggems::cuda {
 
-// True when this build has CUDA and the driver entry points resolved.
+// True when this build has CUDA and the driver entry points resolved (or in
+// dry-run mode).
 bool available();
+
+// Test-only dry run (scripts/flaggems_offline_check.py --online): loads and
+// launches succeed without a GPU and do nothing, so the whole online flow
+// (routing, capture, admission, disk cache, hot path) runs on the host driver.
+void set_dry_run(bool on);
+bool dry_run();
 
 // Compute capability (major * 10 + minor) and SM count of a device; for
 // builds or tests without a GPU, override() sets what planners see.

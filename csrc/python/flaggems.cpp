@@ -272,6 +272,7 @@ void init_flaggems(py::module& m) {
   });
   m.def("_flaggems_disk_dir", [] { return disk::directory(); });
   m.def("_flaggems_override_device", [](int arch, int sms) { cuda::override_device(arch, sms); });
+  m.def("_flaggems_dry_run", [](bool on) { cuda::set_dry_run(on); });
   m.def("_flaggems_plan", [](const std::string& op, py::tuple args, py::dict kwargs) {
     HANDLE_TH_ERRORS
     PlanReport r = plan_only(op, stack_of(op, args, kwargs));

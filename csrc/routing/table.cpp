@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "aten/python_provider.h"
+#include "flaggems/cuda_launch.h"
 #include "flaggems/launcher.h"
 #include "hal/env.h"
 #include "runtime/device.h"
@@ -119,7 +120,8 @@ bool available(Backend b) {
     case Backend::kCuda:
       return !is_host();
     case Backend::kFlagGems:  // Python kernels (torch_fl.flaggems), or C++ descriptions
-      return !is_host() && (aten::has_python_kernels() || flaggems::installed());
+      return (!is_host() || flaggems::cuda::dry_run()) &&
+             (aten::has_python_kernels() || flaggems::installed());
     case Backend::kMetax:
     case Backend::kAscend:
       return false;

@@ -110,3 +110,22 @@ def test_planners_match_flaggems_wrappers_offline():
     tail = "\n".join(p.stdout.splitlines()[-20:])
     assert p.returncode == 0, f"{tail}\n{p.stderr[-3000:]}"
     assert " 0 mismatches" in p.stdout, tail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [[], ["--stub-only"]], ids=["default", "stub-only"])
+def test_online_flow_dry_run(tmp_path, mode):
+    """Routing -> capture -> admission -> disk cache -> launch from C++, with nothing launched."""
+    if torch_fl.driver() == "cuda":
+        pytest.skip("the GPU tests run the real thing (test_flaggems_cpp.py)")
+    exe = _offline_python()
+    if exe is None:
+        pytest.skip("needs triton 3.6 and flag_gems (here or in FLAGOS_OFFLINE_PYTHON's interpreter)")
+    env = dict(os.environ, FLAGOS_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
+    cmd = [exe, "-W", "ignore", os.path.join(ROOT, "scripts", "flaggems_offline_check.py"), "--online", *mode]
+    for run in ("cold", "warm"):
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert p.returncode == 0 and "online flow: OK" in p.stdout, f"{run}\n{p.stdout}\n{p.stderr[-3000:]}"
+    if not mode:
+        assert "captures 0, admitted 0" in p.stdout, p.stdout  # warm: every kernel from disk
