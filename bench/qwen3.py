@@ -73,6 +73,10 @@ def child(a) -> int:
     if device == "flagos":
         summary = wl.routing_summary()
         out["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}
+        # Operators FlagGems served through its Python wrapper (first calls, keys the
+        # C++ path does not describe or declines): what is left to port.
+        out["flaggems_python_ops"] = {s["op"].removeprefix("aten::"): s["calls"]["flaggems-python"]
+                                      for s in summary["stats"] if s["calls"].get("flaggems-python")}
         if summary.get("flaggems_cpp"):
             s = summary["flaggems_cpp"]
             out["flaggems_cpp"] = {k: s[k] for k in ("launched", "captures", "admitted", "pinned")}
@@ -154,6 +158,7 @@ def main(argv=None) -> int:
                    for k in ("prefill_tok_s", "decode_tok_s", "train_step_s")}
         rows[c]["routing"] = runs[c][-1].get("routing")
         rows[c]["flaggems_cpp"] = runs[c][-1].get("flaggems_cpp")
+        rows[c]["flaggems_python_ops"] = runs[c][-1].get("flaggems_python_ops")
         rows[c]["tokens_equal_cuda"] = runs[c][-1]["tokens"] == runs["cuda"][-1]["tokens"]
     base = rows["cuda"]
     print(f"Qwen3 {a.size} (random weights), {torch.cuda.get_device_name(0)}, torch "
@@ -180,6 +185,8 @@ def main(argv=None) -> int:
             s = rows[c]["flaggems_cpp"]
             print(f"{c} FlagGems from C++: launched {s['launched']}, captures {s['captures']}, "
                   f"admitted {s['admitted']}, pinned {len(s['pinned'])} {s['pinned'][:3]}")
+        if rows[c].get("flaggems_python_ops"):
+            print(f"{c} FlagGems through Python: {rows[c]['flaggems_python_ops']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),

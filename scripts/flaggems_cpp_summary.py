@@ -101,6 +101,13 @@ def main(out):
                   f"decode {r['decode_tok_s']:>7.1f} tok/s ({r['decode_vs_cuda']:.2f}x)  "
                   f"train step {r['train_step_s'] * 1e3:>7.1f} ms ({r['train_step_vs_cuda']:.2f}x)")
         rows = q["rows"]
+        for c, r in rows.items():
+            if r.get("flaggems_cpp"):
+                s = r["flaggems_cpp"]
+                print(f"  {c}: FlagGems from C++ {s['launched']} launches, {s['captures']} captures, "
+                      f"pinned {s['pinned'][:3]}")
+            if r.get("flaggems_python_ops"):
+                print(f"  {c}: FlagGems through Python (calls): {r['flaggems_python_ops']}")
         if "flagos" in rows and "flagos all-cuda" in rows:
             d = rows["flagos"]["decode_tok_s"] / rows["flagos all-cuda"]["decode_tok_s"]
             t = rows["flagos all-cuda"]["train_step_s"] / rows["flagos"]["train_step_s"]

@@ -230,8 +230,18 @@ def _compiled(jit, md):
 
     device = triton.runtime.driver.active.get_current_device()
     for kernel in jit.device_caches[device][0].values():
+        if hasattr(kernel, "result") and not hasattr(kernel, "hash"):
+            continue  # a compilation still in flight (async mode)
         if getattr(kernel, "hash", None) == md.hash:
             return kernel.asm["cubin"]
+    # Not in the JIT function's memory cache: Triton's on-disk cache has it.
+    from triton.runtime.cache import get_cache_manager
+
+    group = get_cache_manager(md.hash).get_group(f"{md.name[:150]}.json") or {}
+    for name, path in group.items():
+        if name.endswith(".cubin"):
+            with open(path, "rb") as f:
+                return f.read()
     return b""
 
 
