@@ -226,13 +226,17 @@ def reduction_cases(rng, g):
     dim = rng.randrange(-rank, rank)
     label = f"{str(dtype)[6:]} {list(x.shape)}/{list(x.stride())} dim={dim}"
     op = rng.choice(["mean.dim", "argmax", "_softmax", "_log_softmax", "_softmax_backward_data",
-                     "_log_softmax_backward_data", "all"])
+                     "_log_softmax_backward_data", "all", "cumsum"])
     if op == "mean.dim":
         return op, (x, [dim], rng.choice([True, False])), {}, label
     if op == "argmax":
         return op, (x, dim, rng.choice([True, False])), {}, label
     if op in ("_softmax", "_log_softmax"):
         return op, (x, dim, False), {}, label
+    if op == "cumsum":
+        if rng.random() < 0.5:
+            x = torch.randint(0, 2, tuple(shape), generator=g).to("flagos")  # attention-mask style
+        return op, (x, -1), {"dtype": rng.choice([None, torch.float32]) if x.is_floating_point() else None}, label
     if op == "all":
         return op, ((x > 0).contiguous() if rng.random() < 0.5 else x.contiguous(),), {}, label
     out = torch.randn(*shape, generator=g).to(dtype).to("flagos")

@@ -90,7 +90,7 @@ struct PointwiseOp {
   bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
 };
 
-enum class Reduce : uint8_t { kMean, kArgmax, kAll };
+enum class Reduce : uint8_t { kMean, kArgmax, kAll, kCumsum };
 enum class Softmax : uint8_t { kForward, kBackward, kLogForward, kLogBackward };
 enum class NllLoss : uint8_t { kForward, kBackward };
 enum class Matmul : uint8_t { kBmm, kAddmm };

@@ -27,6 +27,8 @@ KernelSlot g_argmax_inner{"flag_gems.ops.argmax", "argmax_kernel_inner",
 KernelSlot g_all_1{"flag_gems.ops.all", "all_kernel_1",
                    {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
 KernelSlot g_all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
+KernelSlot g_cumsum_row{"flag_gems.ops.cumsum", "reduce_then_scan_root_scan_kernel_row",
+                        {"in_ptr", "out_ptr", "N", "TILE_SIZE"}};
 
 using heur::argmax_tile_k;
 using heur::argmax_tile_n;
@@ -81,12 +83,51 @@ Outcome plan_all(Call& call, CallPlan& plan) {
   return Outcome::kPlanned;
 }
 
+// cumsum(self, dim, *, dtype) over the last dimension of a row short enough
+// for one persistent kernel (cumsum_wrapper's K == 1, N <= 16384 branch).
+Outcome plan_cumsum(Call& call, CallPlan& plan) {
+  const at::Tensor* self = call.tensor(0);
+  int64_t dim = 0;
+  if (!self || elem_type(self->scalar_type()) == abi::TType::kInvalid ||
+      !int_arg(call.arg(1), &dim) || !wrap_dim(dim, self->dim(), &dim)) {
+    return Outcome::kDecline;
+  }
+  const int64_t N = self->size(dim);
+  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
+  if (self->numel() / M / N != 1 || N > 16384) return Outcome::kDecline;  // column / long scans
+  c10::ScalarType dtype = self->scalar_type();
+  if (!call.arg(2).isNone()) {
+    if (!call.arg(2).isInt()) return Outcome::kDecline;
+    dtype = static_cast<c10::ScalarType>(call.arg(2).toInt());
+  } else if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    dtype = c10::kLong;
+  }
+  if (elem_type(dtype) == abi::TType::kInvalid) return Outcome::kDecline;
+  Outcome o = Outcome::kPlanned;
+  const JitFn* fn = need(g_cumsum_row, plan, &o);
+  if (!fn) return o;
+  at::Tensor inp = call.contiguous(*self, plan);
+  at::Tensor out = call.empty_like(inp, dtype);
+  const int64_t tile = next_pow2(N);
+  Launch& L = plan.add_launch();
+  L.start(fn);
+  L.grid[0] = static_cast<uint32_t>(M);
+  L.num_warps = tile > 2048 ? 8 : 4;
+  L.ptr(inp);
+  L.ptr(out);
+  L.i(N);
+  L.i(tile);
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
 }  // namespace
 
-// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim) / all(self).
+// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim) / all(self) / cumsum.
 Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   const Reduce which = *static_cast<const Reduce*>(op.family);
   if (which == Reduce::kAll) return plan_all(call, plan);
+  if (which == Reduce::kCumsum) return plan_cumsum(call, plan);
   const bool is_mean = which == Reduce::kMean;
   const at::Tensor* self = call.tensor(0);
   if (!self || !is_float(self->scalar_type())) return Outcome::kDecline;

@@ -75,6 +75,7 @@ const PointwiseOp kWhere{&where_func, nullptr, {0, 1, 2}, 3, false, true};
 const Reduce kMean = Reduce::kMean;
 const Reduce kArgmax = Reduce::kArgmax;
 const Reduce kAll = Reduce::kAll;
+const Reduce kCumsum = Reduce::kCumsum;
 const Softmax kSoftmax = Softmax::kForward;
 const Softmax kSoftmaxBackward = Softmax::kBackward;
 const Softmax kLogSoftmax = Softmax::kLogForward;
@@ -121,6 +122,7 @@ OpDesc g_ops[] = {
     {"mean.dim", plan_reduce_dim, &kMean},
     {"argmax", plan_reduce_dim, &kArgmax},
     {"all", plan_reduce_dim, &kAll},
+    {"cumsum", plan_reduce_dim, &kCumsum},
     {"_softmax", plan_softmax, &kSoftmax},
     {"_softmax_backward_data", plan_softmax, &kSoftmaxBackward},
     {"_log_softmax", plan_softmax, &kLogSoftmax},
