@@ -6,7 +6,10 @@ Configurations:
 - ``flagos all-cuda``: flagos with ``* = cuda`` (PyTorch's CUDA kernels through
   flagos' routing path);
 - ``flagos``: flagos with the default routing (FlagGems where it serves an
-  operator, CUDA's kernels for the rest).
+  operator, CUDA's kernels for the rest; its kernels launched from C++ where
+  described, docs/flaggems_cpp.md);
+- optional (--configs): ``flagos python``, the default routing with every
+  FlagGems kernel through its Python wrapper (the C++ launch path off).
 
 Method (docs/benchmarks.md):
 - Inference runs in one process: CUDA's forward is untouched by torch_fl (no
@@ -38,7 +41,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
-CONFIGS = ("cuda", "flagos all-cuda", "flagos")
+CONFIGS = ("cuda", "flagos all-cuda", "flagos", "flagos python")
+DEFAULT_CONFIGS = ("flagos all-cuda", "flagos")
 TRAIN_MODES = ("fp32", "bf16 autocast")
 
 
@@ -75,16 +79,18 @@ def inference(a) -> dict:
     models["flagos"] = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)
     for m in models.values():
         m.generation_config.pad_token_id = 0
-    sides = {  # name -> (model key, device, '*' route)
-        "cuda": ("cuda", "cuda", None), "cuda (A/A)": ("cuda", "cuda", None),
-        "flagos all-cuda": ("flagos", "flagos", "cuda"), "flagos": ("flagos", "flagos", None),
+    sides = {  # name -> (model key, device, '*' route, FlagGems' C++ path on)
+        "cuda": ("cuda", "cuda", None, True), "cuda (A/A)": ("cuda", "cuda", None, True),
+        "flagos all-cuda": ("flagos", "flagos", "cuda", True), "flagos": ("flagos", "flagos", None, True),
+        "flagos python": ("flagos", "flagos", None, False),
     }
     sides = {k: v for k, v in sides.items() if k.startswith("cuda") or k in a.configs}
     torch_fl.routing.reset_stats()
 
     def run(side, batch):
-        key, dev, route = sides[side]
+        key, dev, route, cpp = sides[side]
         torch_fl.routing.set_route("*", route or "")
+        torch_fl.flaggems.set_cpp_enabled(cpp)
         ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
         return _generate(models[key], ids, a.new_tokens)
 
@@ -112,6 +118,7 @@ def inference(a) -> dict:
                          "tokens": tokens[side].numel()}
         results[f"batch {batch}"] = row
     torch_fl.routing.set_route("*", "")
+    torch_fl.flaggems.set_cpp_enabled(True)
     # Which backend served the flagos runs: one more of them, counted.
     torch_fl.routing.reset_stats()
     run("flagos" if "flagos" in sides else "flagos all-cuda", a.batches[0])
@@ -133,6 +140,8 @@ def train_child(a) -> int:
 
         if a.config == "flagos all-cuda":
             torch_fl.routing.set_route("*", "cuda")
+        if a.config == "flagos python":
+            torch_fl.flaggems.set_cpp_enabled(False)
     cfg = wl.SIZES[a.size]
     batches = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0)
     out = {"config": a.config}
@@ -206,8 +215,8 @@ def main(argv=None) -> int:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
-    p.add_argument("--configs", nargs="+", choices=CONFIGS[1:], default=list(CONFIGS[1:]),
-                   help="flagos configurations to compare with cuda (default: both)")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS[1:], default=list(DEFAULT_CONFIGS),
+                   help="flagos configurations to compare with cuda (default: %(default)s)")
     p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
     p.add_argument("--json")
     p.add_argument("--train-child", choices=CONFIGS, dest="config", help=argparse.SUPPRESS)

@@ -249,7 +249,8 @@ def routing_summary() -> dict:
     return {
         "driver": torch_fl.driver(),
         "flaggems_enabled": torch_fl.is_flaggems_enabled(),
-        "flaggems_ops": list(torch_fl.flaggems.registered_ops()),
+        "flaggems_ops": sorted(set(torch_fl.flaggems.registered_ops()) | set(torch_fl.flaggems.cpp_ops())),
+        "flaggems_cpp": torch_fl.flaggems.cpp_stats() if torch_fl.flaggems.cpp_ops() else None,
         "config": torch_fl.routing.config_path(),
         "stats": [{"op": s.op, "calls": dict(s.calls), "cpu_fallbacks": int(s.cpu_fallbacks)}
                   for s in torch_fl.routing.stats()],

@@ -3,7 +3,9 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain|flaggems-cpp] [extra pytest args]
+# flaggems-cpp runs scripts/gpu_flaggems_cpp.sh: the C++ launch path of FlagGems
+# kernels validated and measured in one run (docs/flaggems_cpp.md).
 # bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
 # cost), bench/flaggems_ops.py and bench/qwen3.py. dist (2+ GPUs) runs the
 # multigpu tests of tests/python/test_distributed.py, then bench/distributed.py
@@ -15,6 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
+[ "$what" = flaggems-cpp ] && exec bash scripts/gpu_flaggems_cpp.sh
 OUT=${OUT:-/tmp/flagos-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

@@ -44,7 +44,7 @@ CXX_SAN=${SANITIZE_CXX:-g++}  # gcc: its libasan is what Python preloads
 DEFAULT_SLICE="tests/python/test_tensors.py tests/python/test_memory.py
   tests/python/test_streams.py tests/python/test_autograd_amp.py tests/python/test_rng.py
   tests/python/test_serialization.py tests/python/test_stress.py tests/python/test_leaks.py
-  tests/python/test_fork.py tests/python/test_bad_input.py
+  tests/python/test_fork.py tests/python/test_bad_input.py tests/python/test_unboxed_routes.py
   --deselect tests/python/test_bad_input.py::test_environment_variable"
 read -r -a SLICE <<< "$(echo ${SANITIZE_PYTEST:-$DEFAULT_SLICE})"
 

@@ -84,11 +84,13 @@ atexit.register(_let_autograd_device_threads_start)
 def is_flaggems_enabled() -> bool:
     """Whether FlagGems' Triton kernels serve any operator in this process.
 
-    The ``flaggems`` provider needs the cuda driver, an importable
-    ``flag_gems`` and FLAGOS_DISABLE_FLAGGEMS_PY unset; on the host driver
-    this is always False. ``torch_fl.flaggems.registered_ops()`` lists them.
+    The ``flaggems`` provider needs the cuda driver and an importable
+    ``flag_gems``; on the host driver this is always False.
+    ``torch_fl.flaggems.registered_ops()`` lists the operators served through
+    FlagGems' Python wrappers, ``torch_fl.flaggems.cpp_ops()`` those launched
+    from C++ (the only ones with FLAGOS_DISABLE_FLAGGEMS_PY=1).
     """
-    return bool(flaggems.registered_ops())
+    return bool(flaggems.registered_ops()) or bool(flaggems.cpp_ops())
 
 
 def get_registered_ops() -> list:

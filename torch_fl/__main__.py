@@ -22,6 +22,10 @@ def _info() -> int:
     print(f"devices       {torch.flagos.device_count()}")
     print(f"backends      {', '.join(torch_fl.routing.available_backends())}")
     print(f"FlagGems      {'enabled' if torch_fl.is_flaggems_enabled() else 'not available'}")
+    if torch_fl.flaggems.cpp_ops():
+        state = "on" if torch_fl.flaggems.cpp_enabled() else "off"
+        print(f"FlagGems C++  {state}: {len(torch_fl.flaggems.cpp_ops())} operators launched from "
+              f"C++ (python -m torch_fl routes shows which path each one took)")
     if torch_fl.distributed.is_available():
         inner = "nccl" if torch_fl.driver() == "cuda" else "gloo"
         print(f"distributed   c10d backend '{torch_fl.distributed.BACKEND_NAME}' over {inner}")
@@ -43,7 +47,8 @@ def _routes(op) -> int:
     for r in rows:
         state = "" if r.resolved else "  (configured, not called yet)"
         fb = "  [cpu fallback]" if r.cpu_fallback else ""
-        print(f"{r.op:<{width}}  {r.backend:<10} {r.source}{fb}{state}")
+        backend = f"{r.backend} [{r.via}]" if r.via else r.backend
+        print(f"{r.op:<{width}}  {backend:<18} {r.source}{fb}{state}")
     return 0
 
 

@@ -1,11 +1,17 @@
 """The ``flaggems`` provider: FlagGems' Triton operators as flagos kernels.
 
-On the cuda driver, when ``flag_gems`` is importable and
-``FLAGOS_DISABLE_FLAGGEMS_PY`` is not ``1``, every operator of FlagGems' op
-table (``flag_gems._FULL_CONFIG``) is registered as a Python kernel of the
-flaggems backend, keyed by its aten name. ``flag_gems.enable()`` is not used:
-it registers on the CUDA key, and its ``unused=`` matches Python function
-names, not aten names.
+On the cuda driver, when ``flag_gems`` is importable (from
+``FLAGGEMS_SOURCE_DIR`` when set) and ``FLAGOS_DISABLE_FLAGGEMS_PY`` is not
+``1``, every operator of FlagGems' op table (``flag_gems._FULL_CONFIG``) is
+registered as a Python kernel of the flaggems backend, keyed by its aten name.
+``flag_gems.enable()`` is not used: it registers on the CUDA key, and its
+``unused=`` matches Python function names, not aten names.
+
+The operators with a C++ description (csrc/flaggems, docs/flaggems_cpp.md)
+are launched from C++ once their first call checked the plan against FlagGems'
+wrapper (``cpp_ops()``, ``cpp_stats()``). With ``FLAGOS_DISABLE_FLAGGEMS_PY=1``
+(the spec's C++ stub-only mode) no Python kernel is registered and only those
+run FlagGems' kernels, compiled from its sources; everything else is native.
 
 A flaggems kernel runs on zero-copy CUDA views of the flagos tensors, on the
 current CUDA stream (which is the current flagos stream), so FlagGems sees
@@ -25,7 +31,7 @@ import warnings
 
 import torch
 
-from . import _C
+from . import _C, _flaggems_cpp
 
 _HOPPER_FLAT = ("on Hopper FlagGems treats the tensor as a flat contiguous buffer of numel() "
                 "elements, so a strided view (a diagonal, a transpose) ")
@@ -94,6 +100,7 @@ EXCLUDED = {
 
 _registered = []
 _unknown = []  # names in FlagGems' table that this torch has no operator for
+_cpp_ops = []  # operators the C++ launch path serves
 
 
 def _unused_from_env() -> set:
@@ -116,25 +123,37 @@ def _is_composite_implicit(name: str) -> bool:
         return False
 
 
+def _stub_only() -> bool:
+    return os.environ.get("FLAGOS_DISABLE_FLAGGEMS_PY", "0") == "1"
+
+
 def register() -> list:
     """Registers FlagGems' operators with the flaggems backend; returns their aten names.
 
-    A no-op (returning []) unless the driver is cuda, FLAGOS_DISABLE_FLAGGEMS_PY
-    is not 1 and flag_gems imports.
+    A no-op (returning []) unless the driver is cuda and flag_gems imports.
+    With FLAGOS_DISABLE_FLAGGEMS_PY=1 no Python kernel is registered: only the
+    C++ launch path serves FlagGems' operators (``cpp_ops()``).
+    Raises ValueError when FLAGGEMS_SOURCE_DIR names no flag_gems sources.
     """
-    global _registered
-    if _C._driver_name() != "cuda" or os.environ.get("FLAGOS_DISABLE_FLAGGEMS_PY", "0") == "1":
+    global _registered, _cpp_ops
+    _flaggems_cpp.check_env()  # a wrong FLAGGEMS_SOURCE_DIR is an error on every driver
+    if _C._driver_name() != "cuda":
         return []
+    stub_only = _stub_only()
     unused = _unused_from_env()
     os.environ.setdefault("GEMS_VENDOR", "nvidia")  # FlagGems' auto-detection shells out
     try:
-        import flag_gems
+        flag_gems = _flaggems_cpp.import_flag_gems()
     except ImportError:
+        if os.environ.get("FLAGGEMS_SOURCE_DIR"):
+            raise
         return []
+    except ValueError:
+        raise
     except Exception as e:  # noqa: BLE001  (flag_gems raises at import on broken setups)
         warnings.warn(f"flag_gems is installed but failed to import ({e}); the flaggems backend is off")
         return []
-    registered = []
+    served = []
     for entry in flag_gems._FULL_CONFIG:
         if not entry or len(entry) < 2:
             continue
@@ -146,14 +165,47 @@ def register() -> list:
             continue
         if _is_composite_implicit(name):
             continue
-        if _C._register_python_kernel(name, fn):
-            registered.append(name)
-        else:
-            _unknown.append(name)
+        served.append((name, fn))
+    registered = []
+    if not stub_only:
+        for name, fn in served:
+            if _C._register_python_kernel(name, fn):
+                registered.append(name)
+            else:
+                _unknown.append(name)
     _registered = sorted(registered)
+    _cpp_ops = _flaggems_cpp.install([name for name, _ in served], stub_only)
     return _registered
 
 
 def registered_ops() -> list:
-    """The aten operators the flaggems backend serves in this process."""
+    """The aten operators registered as FlagGems Python kernels in this process."""
     return list(_registered)
+
+
+def cpp_ops() -> list:
+    """The aten operators whose FlagGems kernels are launched from C++ here."""
+    return list(_cpp_ops)
+
+
+def cpp_enabled() -> bool:
+    """Whether the C++ launch path is on (FLAGOS_FLAGGEMS_CPP, set_cpp_enabled)."""
+    return bool(_cpp_ops) and _C._flaggems_cpp_enabled()
+
+
+def set_cpp_enabled(on: bool) -> None:
+    """Turns the C++ launch path on or off for this process; off, every
+    flaggems call runs FlagGems' Python wrapper (not in stub-only mode, which
+    has no wrapper: those calls then run natively)."""
+    _C._flaggems_set_cpp_enabled(bool(on))
+
+
+def cpp_stats() -> dict:
+    """Counters of the C++ launch path: launches, captures (first calls of a
+    kernel key, run through FlagGems' wrapper and checked), admitted / pinned
+    keys, disk-cache hits, stub-only compilations; per operator
+    ``ops[name] = (launched, captured, declined)``; ``pinned``: the keys that
+    stay on Python and why; ``disk_dir``: the kernel cache."""
+    stats = dict(_C._flaggems_stats())
+    stats["disk_dir"] = _C._flaggems_disk_dir() if _cpp_ops else ""
+    return stats

@@ -22,11 +22,14 @@ class Route(NamedTuple):
     source: str  # "api", "env FLAGOS_OP_mm", "file PATH:LINE" or "default"
     resolved: bool  # False: configured but not called yet
     cpu_fallback: bool
+    via: str = ""  # flaggems ops: "c++" (launched from C++) or "python" (FlagGems' wrapper)
 
 
 class OpStats(NamedTuple):
     op: str
-    calls: dict  # backend -> number of calls
+    # backend -> number of calls; FlagGems' kernels count under "flaggems" when
+    # launched from C++ and "flaggems-python" when its Python wrapper ran them.
+    calls: dict
     cpu_fallbacks: int
 
 
@@ -83,8 +86,20 @@ def table(op: str = None) -> list:
 
 
 def stats() -> list:
-    """Per-operator call counts by backend, and CPU-fallback counts."""
+    """Per-operator call counts by backend, and CPU-fallback counts.
+
+    Calls routed to FlagGems appear as ``flaggems`` (launched from C++) and
+    ``flaggems-python`` (its Python wrapper ran); :func:`flaggems_calls` sums them.
+    """
     return [OpStats(*s) for s in _C._routing_stats()]
+
+
+FLAGGEMS_KEYS = ("flaggems", "flaggems-python")
+
+
+def flaggems_calls(calls: dict) -> int:
+    """The calls of one OpStats.calls dict that ran FlagGems' kernels, either way."""
+    return sum(calls.get(k, 0) for k in FLAGGEMS_KEYS)
 
 
 def reset_stats() -> None:
@@ -107,6 +122,6 @@ def check_config(path: str) -> list:
 
 
 __all__ = [
-    "ConfigError", "OpStats", "Route", "available_backends", "check_config", "config_path",
-    "reload", "reset_stats", "set_route", "stats", "table",
+    "ConfigError", "FLAGGEMS_KEYS", "OpStats", "Route", "available_backends", "check_config",
+    "config_path", "flaggems_calls", "reload", "reset_stats", "set_route", "stats", "table",
 ]

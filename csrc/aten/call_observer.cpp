@@ -62,12 +62,11 @@ bool observer_on(ObserverBit bit) noexcept {
   return (detail::g_observers.load(std::memory_order_relaxed) & bit) != 0;
 }
 
-void observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
-                  torch::jit::Stack* stack) {
+Served observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
+                    torch::jit::Stack* stack, const void* flaggems_desc) {
   const uint32_t on = detail::g_observers.load(std::memory_order_relaxed);
   if (t_observing > 0 || on == 0) {
-    run_provider(op, plan, backend, stack);
-    return;
+    return run_provider(op, plan, backend, stack, -1, flaggems_desc);
   }
   Depth depth;
   const c10::IValue* args = stack->data() + (stack->size() - plan.num_arguments);
@@ -78,7 +77,7 @@ void observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Ba
   if (on & kObserveTune) job = tune_note_call(op, plan, backend, args);
 
   const auto t0 = std::chrono::steady_clock::now();
-  run_provider(op, plan, backend, stack);
+  const Served served = run_provider(op, plan, backend, stack, -1, flaggems_desc);
   if (on & kObserveProfile) {
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -90,6 +89,7 @@ void observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Ba
   }
   if (job) tune_measure(op, plan, *job);
   if (shadow) shadow->check(op, *stack);  // may raise (FLAGOS_VERIFY=error): last
+  return served;
 }
 
 std::vector<ProfileRecord> profile_records() {

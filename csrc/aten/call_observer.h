@@ -22,6 +22,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include "aten/fallback.h"
 #include "aten/op_plan.h"
 
 namespace torch_fl::aten {
@@ -47,9 +48,10 @@ inline bool observing() noexcept {
 void set_observer(ObserverBit bit, bool on);
 bool observer_on(ObserverBit bit) noexcept;
 
-// Runs a routed call on `backend`, with the active observers around it.
-void observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
-                  torch::jit::Stack* stack);
+// Runs a routed call on `backend`, with the active observers around it;
+// returns what served it (run_provider).
+Served observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
+                    torch::jit::Stack* stack, const void* flaggems_desc);
 
 // ---- profiling -----------------------------------------------------------------
 // Host wall time of each routed call's provider, per operator and backend

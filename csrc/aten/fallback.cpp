@@ -25,6 +25,7 @@
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
+#include "flaggems/launcher.h"
 #include "routing/table.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
@@ -42,10 +43,30 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
+// FlagGems' kernels: launched from C++ where `desc` describes the operator
+// (csrc/flaggems/launcher.h), else through FlagGems' Python wrapper
+// (`python_kernel`, -1: the plan's); stub-only mode has no wrapper, so what
+// C++ does not serve runs natively.
+Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const void* desc,
+                    torch::jit::Stack* stack, int64_t python_kernel) {
+  if (desc != nullptr && flaggems::cpp_enabled()) {
+    const flaggems::Ran ran = flaggems::run(op, plan, *static_cast<const flaggems::OpDesc*>(desc),
+                                            python_kernel, stack);
+    if (ran != flaggems::Ran::kNotServed) return {Backend::kFlagGems, ran == flaggems::Ran::kCpp};
+  }
+  if (python_kernel < 0 && plan.python_kernel.load(std::memory_order_relaxed) < 0) {
+    run_native(op, plan, stack);
+    return {Backend::kNative, false};
+  }
+  run_python(op, plan, stack, python_kernel);
+  return {Backend::kFlagGems, false};
+}
+
 // The providers, inlined into the boxed kernel's hot path and shared with
-// run_provider().
-inline void run_on(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
-                   torch::jit::Stack* stack, int64_t python_kernel) {
+// run_provider(). Returns what served the call: `backend`, except where
+// flaggems runs it natively (run_flaggems).
+inline Served run_on(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
+                     torch::jit::Stack* stack, int64_t python_kernel, const void* flaggems_desc) {
   switch (backend) {
     case Backend::kCpu:
       // On the host driver the CPU is the native device: zero-copy.
@@ -54,14 +75,13 @@ inline void run_on(const c10::OperatorHandle& op, const OpPlan& plan, Backend ba
       } else {
         run_native(op, plan, stack);
       }
-      return;
+      return {backend, false};
     case Backend::kNative:
     case Backend::kCuda:
       run_native(op, plan, stack);
-      return;
+      return {backend, false};
     case Backend::kFlagGems:
-      run_python(op, plan, stack, python_kernel);
-      return;
+      return run_flaggems(op, plan, flaggems_desc, stack, python_kernel);
     default:
       TORCH_CHECK(false, "flagos: backend '", routing::backend_name(backend),
                   "' chosen for ", plan.name, " has no provider in this build");
@@ -99,6 +119,16 @@ bool declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return false;
 }
 
+// Counts (and logs) a call served by `served`.
+inline void count_call(OpPlan& plan, Served served) {
+  plan.calls[static_cast<int>(served.backend)].fetch_add(1, std::memory_order_relaxed);
+  if (served.flaggems_cpp) plan.flaggems_cpp_calls.fetch_add(1, std::memory_order_relaxed);
+  if (routing::log_enabled()) {
+    const uint8_t bit = uint8_t(1) << static_cast<int>(served.backend);
+    if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, served.backend);
+  }
+}
+
 }  // namespace
 
 bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
@@ -124,22 +154,22 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
     plan.fallback_calls.fetch_add(1, std::memory_order_relaxed);
   }
-  plan.calls[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
-  if (routing::log_enabled()) {
-    const uint8_t bit = uint8_t(1) << static_cast<int>(backend);
-    if ((plan.logged.fetch_or(bit) & bit) == 0) routing::log_dispatch(plan, backend);
-  }
+  // Counted before the call, so that a call that raises is counted too;
+  // flaggems calls after it, where C++, the wrapper or (stub-only) the native
+  // kernel served it.
+  if (backend != Backend::kFlagGems) count_call(plan, {backend, false});
+  const void* desc = backend == Backend::kFlagGems
+                         ? plan.flaggems_op.load(std::memory_order_relaxed) : nullptr;
   // One relaxed load when no observer (verification, tuning, profiling) is on.
-  if (C10_UNLIKELY(observing())) {
-    observe_call(op, plan, backend, stack);
-    return;
-  }
-  run_on(op, plan, backend, stack, -1);
+  const Served served = C10_UNLIKELY(observing())
+                            ? observe_call(op, plan, backend, stack, desc)
+                            : run_on(op, plan, backend, stack, -1, desc);
+  if (backend == Backend::kFlagGems) count_call(plan, served);
 }
 
-void run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
-                  torch::jit::Stack* stack, int64_t python_kernel) {
-  run_on(op, plan, backend, stack, python_kernel);
+Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
+                    torch::jit::Stack* stack, int64_t python_kernel, const void* flaggems_desc) {
+  return run_on(op, plan, backend, stack, python_kernel, flaggems_desc);
 }
 
 // Composite kernels that refuse devices other than CPU/CUDA/XPU; through the

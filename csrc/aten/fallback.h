@@ -23,12 +23,23 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet key
 // driver selected, before register_direct_routes().
 void register_unboxed_routes();
 
+// What served a call: its backend (flaggems calls that neither C++ nor a
+// wrapper can serve run on native), and whether FlagGems' kernel was
+// launched from C++.
+struct Served {
+  routing::Backend backend;
+  bool flaggems_cpp;
+};
+
 // Runs a call on `backend`'s provider, with no routing, counting or
 // observing: what the boxed routing kernel does last, and what verification
 // and tuning use to run a call on a backend of their choice.
-// `python_kernel`: the flaggems kernel to call; -1 means the plan's.
-void run_provider(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
-                  torch::jit::Stack* stack, int64_t python_kernel = -1);
+// `python_kernel`: FlagGems' wrapper to call (-1: the plan's);
+// `flaggems_desc`: the operator's C++ description (flaggems::describe), or
+// nullptr for the wrapper only.
+Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
+                    torch::jit::Stack* stack, int64_t python_kernel = -1,
+                    const void* flaggems_desc = nullptr);
 
 // Whether FlagGems cannot serve this call's arguments (0-dim, empty or complex
 // tensors, an explicit generator), so that a flaggems route runs it on

@@ -54,6 +54,11 @@ struct OpPlan {
   std::atomic<uint8_t> logged{0};  // bit per backend: dispatch log written
   // The Python kernel serving the op when routed to flaggems; -1: none.
   std::atomic<int64_t> python_kernel{-1};
+  // FlagGems' kernels launched from C++ (csrc/flaggems/launcher.h): the op's
+  // description when routed to flaggems (nullptr: none), and how many of the
+  // flaggems calls in `calls` it launched (the rest ran FlagGems' Python).
+  std::atomic<const void*> flaggems_op{nullptr};
+  std::atomic<uint64_t> flaggems_cpp_calls{0};
 };
 
 // The plan of `op`, built on first use. Thread-safe; lock-free after the first

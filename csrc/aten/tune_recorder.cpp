@@ -16,6 +16,7 @@
 #include "aten/output_compare.h"
 #include "aten/python_provider.h"
 #include "aten/shadow_verify.h"
+#include "flaggems/launcher.h"
 #include "routing/table.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
@@ -266,6 +267,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
       continue;
     }
     int64_t kernel = -1;
+    const void* desc = nullptr;
     if (b == Backend::kFlagGems) {
       if (flaggems_declines(plan, job.inputs)) {
         r.status = "declined";
@@ -276,6 +278,8 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
         continue;
       }
       kernel = python_kernel_for(op).value_or(-1);
+      // Timed as routing would run it: launched from C++ where described.
+      desc = flaggems::describe(op);
     }
     if (b == Backend::kCpu && runtime::uses_cuda() && input_bytes > opt.cpu_copy_max_bytes) {
       r.status = "not timed";
@@ -287,7 +291,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
       std::vector<c10::IValue> inputs = copy_arguments(plan, master, CopyTarget::kFlagos);
       std::vector<at::Tensor> inputs_written = written_tensors(plan, inputs.data());
       torch::jit::Stack stack(inputs.begin(), inputs.end());
-      run_provider(op, plan, b, &stack, kernel);
+      run_provider(op, plan, b, &stack, kernel, desc);
       if (reference_problem.empty()) {
         std::vector<c10::IValue> got(stack.end() - plan.num_returns, stack.end());
         for (at::Tensor& t : inputs_written) got.emplace_back(t);
@@ -305,7 +309,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
       // The first run above was the first warm-up (Triton compiles there).
       auto once = [&] {
         torch::jit::Stack s(inputs.begin(), inputs.end());
-        run_provider(op, plan, b, &s, kernel);
+        run_provider(op, plan, b, &s, kernel, desc);
       };
       once();
       time_calls(once, device, opt, r);

@@ -17,6 +17,7 @@
 #include "aten/rnn_cells.h"
 #include "hal/driver.h"
 #include "python/distributed.h"
+#include "python/flaggems.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "routing/config.h"
@@ -269,7 +270,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_routing_table", [] {
     py::list rows;
     for (const auto& r : guarded([] { return routing::table(); })) {
-      rows.append(py::make_tuple(r.op, r.backend, r.source, r.resolved, r.cpu_fallback));
+      rows.append(py::make_tuple(r.op, r.backend, r.source, r.resolved, r.cpu_fallback, r.via));
     }
     return rows;
   });
@@ -305,4 +306,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_in_bad_fork", [] { return runtime::is_in_bad_fork(); });
   python::init_distributed(m);
   python::bind_observers(m);
+  python::init_flaggems(m);
 }

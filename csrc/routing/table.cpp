@@ -15,6 +15,8 @@
 
 #include "aten/python_provider.h"
 #include "aten/shadow_verify.h"
+#include "flaggems/cuda_launch.h"
+#include "flaggems/launcher.h"
 #include "hal/env.h"
 #include "runtime/device.h"
 
@@ -119,10 +121,12 @@ bool available(Backend b) {
     case Backend::kCuda:
       return !is_host();
     case Backend::kFlagGems:
-      // Python kernels: torch_fl.flaggems registers FlagGems' on the cuda
-      // driver; on the host driver only tests register any (a deliberately
-      // wrong kernel that verification must catch, tests/python/test_verify.py).
-      return aten::has_python_kernels();
+      // Python kernels (torch_fl.flaggems on the cuda driver; on the host
+      // driver only tests register any: a deliberately wrong kernel that
+      // verification must catch, tests/python/test_verify.py), or the C++
+      // descriptions (cuda driver, or the host's dry run).
+      return aten::has_python_kernels() ||
+             ((!is_host() || flaggems::cuda::dry_run()) && flaggems::installed());
     case Backend::kMetax:
     case Backend::kAscend:
       return false;
@@ -138,8 +142,8 @@ std::string unavailable_reason(Backend b) {
              " driver is not built into this installation";
     case Backend::kFlagGems:
       return "the flaggems provider is not registered (it needs the cuda "
-             "driver and an importable flag_gems, and FLAGOS_DISABLE_FLAGGEMS_PY "
-             "unset)";
+             "driver and an importable flag_gems; with FLAGOS_DISABLE_FLAGGEMS_PY=1, "
+             "only the operators with a C++ launch description)";
     default:
       return "the '" + std::string(runtime::driver().name()) +
              "' driver does not provide it";
@@ -167,7 +171,7 @@ bool serves(Backend b, const c10::OperatorHandle& op) {
       return op.hasKernelForDispatchKey(is_host() ? c10::DispatchKey::CPU
                                                   : c10::DispatchKey::CUDA);
     case Backend::kFlagGems:
-      return aten::python_kernel_for(op).has_value();
+      return aten::python_kernel_for(op).has_value() || flaggems::describe(op) != nullptr;
     default:
       return false;
   }
@@ -473,6 +477,7 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   if (chosen == Backend::kFlagGems) {
     plan.python_kernel.store(aten::python_kernel_for(op).value_or(-1));
   }
+  plan.flaggems_op.store(chosen == Backend::kFlagGems ? flaggems::describe(op) : nullptr);
   plan.backend.store(chosen.value_or(Backend::kCpu));
   plan.cpu_fallback.store(fallback);
   const Backend b = chosen.value_or(Backend::kCpu);
@@ -509,14 +514,19 @@ std::vector<Row> table() {
   aten::for_each_plan([&](aten::OpPlan& plan) {
     if (plan.route_epoch.load() == 0) return;
     const Route* r = find_route(s, plan.name);
-    rows.push_back({plan.name, std::string(backend_name(plan.backend.load())),
-                    r ? r->source : "default", true, plan.cpu_fallback.load()});
+    const Backend b = plan.backend.load();
+    std::string via;
+    if (b == Backend::kFlagGems) {
+      via = plan.flaggems_op.load() != nullptr && flaggems::cpp_enabled() ? "c++" : "python";
+    }
+    rows.push_back({plan.name, std::string(backend_name(b)), r ? r->source : "default", true,
+                    plan.cpu_fallback.load(), via});
     seen.insert(without_aten(plan.name));
   });
   for (auto* m : {&s.api, &s.env, &s.file}) {
     for (const auto& [op, route] : *m) {
       if (seen.insert(op).second)
-        rows.push_back({op, chain_text(route.chain), route.source, false, false});
+        rows.push_back({op, chain_text(route.chain), route.source, false, false, ""});
     }
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.op < b.op; });
@@ -529,7 +539,15 @@ std::vector<Stat> stats() {
     Stat st{plan.name, {}, plan.fallback_calls.load()};
     for (int i = 0; i < kNumBackends; ++i) {
       uint64_t n = plan.calls[i].load();
-      if (n) st.calls.emplace_back(std::string(backend_name(static_cast<Backend>(i))), n);
+      if (n == 0) continue;
+      if (static_cast<Backend>(i) == Backend::kFlagGems) {
+        // Launched from C++ ("flaggems") or through FlagGems' Python wrapper.
+        const uint64_t cpp = std::min(n, plan.flaggems_cpp_calls.load());
+        if (cpp) st.calls.emplace_back(std::string(backend_name(Backend::kFlagGems)), cpp);
+        if (n - cpp) st.calls.emplace_back(kFlagGemsPython, n - cpp);
+        continue;
+      }
+      st.calls.emplace_back(std::string(backend_name(static_cast<Backend>(i))), n);
     }
     if (!st.calls.empty() || st.cpu_fallbacks) out.push_back(std::move(st));
   });
@@ -541,6 +559,7 @@ void reset_stats() {
   aten::for_each_plan([](aten::OpPlan& plan) {
     for (auto& c : plan.calls) c.store(0);
     plan.fallback_calls.store(0);
+    plan.flaggems_cpp_calls.store(0);
   });
 }
 

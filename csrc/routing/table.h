@@ -52,8 +52,15 @@ struct Row {
   std::string source;   // "api", "env FLAGOS_OP_mm", "file PATH:LINE", "default"
   bool resolved;        // false: configured, not called yet
   bool cpu_fallback;
+  // For ops resolved to flaggems: "c++" when FlagGems' kernels are launched
+  // from C++ (csrc/flaggems), "python" when its Python wrappers run them.
+  std::string via;
 };
 std::vector<Row> table();
+
+// The stats key of flaggems calls that ran FlagGems' Python wrapper; those
+// launched from C++ count under "flaggems".
+inline constexpr const char* kFlagGemsPython = "flaggems-python";
 
 struct Stat {
   std::string op;

@@ -750,7 +750,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
     def flaggems_used() -> list:
         """The aten operators that ran on FlagGems since the last reset."""
         return sorted(st.op.removeprefix("aten::") for st in routing.stats()
-                      if st.calls.get("flaggems"))
+                      if routing.flaggems_calls(st.calls))
 
     def is_random(used) -> bool:
         return any(u in _FLAGGEMS_RANDOM or u.split(".")[0] in _FLAGGEMS_RANDOM

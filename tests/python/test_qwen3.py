@@ -9,8 +9,10 @@ program (examples/qwen3_workload.py), each with its own routing
 - cuda driver (`cuda`): the `0.6b` model (Qwen3-0.6B's shape), reference
   native CUDA in a process that never loads torch_fl
   (TORCH_DEVICE_BACKEND_AUTOLOAD=0: CUDA backward fails once PrivateUse1 is
-  registered, pytorch/pytorch#161129), routings default (FlagGems, `flaggems`),
-  all-cuda and mixed.
+  registered, pytorch/pytorch#161129), routings default (FlagGems, `flaggems`:
+  its kernels launched from C++ where described, docs/flaggems_cpp.md),
+  stub-only (FLAGOS_DISABLE_FLAGGEMS_PY=1: only the C++-launched FlagGems
+  kernels, the rest native), all-cuda and mixed.
 
 For each routing: float32 greedy tokens equal to the reference's, bfloat16
 prefill logits close (token agreement reported), 10 float32 AdamW steps with
@@ -51,7 +53,7 @@ ON_CUDA = torch_fl.driver() == "cuda"
 HOST = dict(size="tiny", reference="cpu", batch=2, prompt_len=16, new_tokens=12, steps=10,
             timeout=300, parallel=max(1, min(4, os.cpu_count() or 1)))
 CUDA = dict(size="0.6b", reference="cuda", batch=2, prompt_len=32, new_tokens=24, steps=10,
-            timeout=1800, parallel=2)
+            timeout=1800, parallel=int(os.environ.get("FLAGOS_QWEN3_PARALLEL", "2")))
 
 # Operators the host's mixed routing sends to `cpu`; every other one runs on
 # `native`. On the host driver both are PyTorch's CPU kernels, so results stay
@@ -70,6 +72,7 @@ ROUTINGS = {
     },
     "cuda": {
         "default": None,  # FlagGems where it serves the op, else native
+        "stub_only": None,  # the same, FLAGOS_DISABLE_FLAGGEMS_PY=1 (C++-launched FlagGems only)
         "all_cuda": "* = cuda\n",
         "mixed": "* = flaggems, cuda\n" + "".join(f"{op} = cuda\n" for op in CUDA_MIXED_CUDA),
     },
@@ -166,7 +169,8 @@ class Runs:
                 "--new-tokens", str(c["new_tokens"]), "--steps", str(c["steps"]), "--warmup", "0",
                 "--out", out]
         if device == "flagos":
-            env = {"FLAGOS_BACKEND_CONFIG": self._configs.get(routing), "TORCH_DEVICE_BACKEND_AUTOLOAD": None}
+            env = {"FLAGOS_BACKEND_CONFIG": self._configs.get(routing), "TORCH_DEVICE_BACKEND_AUTOLOAD": None,
+                   "FLAGOS_DISABLE_FLAGGEMS_PY": "1" if routing == "stub_only" else None}
         else:
             # The reference never loads torch_fl; on cuda its SDPA takes the
             # math path, as flagos' does there (see TOL).
@@ -246,13 +250,19 @@ def _base(op: str) -> tuple:
     return name, name.split(".")[0]
 
 
+FLAGGEMS = set(torch_fl.routing.FLAGGEMS_KEYS)  # launched from C++, or by FlagGems' wrapper
+
+
 def expected_backends(driver: str, routing: str, op: str, summary: dict) -> set:
     """The backends ``op`` may run on. A FlagGems operator also runs `native`
-    for calls with a 0-dim or empty tensor, which flaggems declines."""
+    for calls with a 0-dim or empty tensor, which flaggems declines (and, in
+    stub-only mode, for arguments its C++ planner does not serve)."""
     name, base = _base(op)
-    gems = {"flaggems", "native"} if name in summary["flaggems_ops"] else None
+    gems = FLAGGEMS | {"native"} if name in summary["flaggems_ops"] else None
     if routing == "default":
         return gems or {"native"}
+    if routing == "stub_only":
+        return {"flaggems", "native"} if gems else {"native"}
     if routing == "all_cpu":
         return {"cpu"}
     if routing == "all_cuda":
@@ -278,9 +288,15 @@ def check_routing(result: dict, driver: str, routing: str, report) -> None:
         for b, n in s["calls"].items():
             per[b] = per.get(b, 0) + n
     report(f"routing {routing}: calls per backend {per}")
+    cpp = summary.get("flaggems_cpp")
+    if cpp:
+        report(f"routing {routing}: FlagGems from C++: launched {cpp['launched']}, captures "
+               f"{cpp['captures']}, admitted {cpp['admitted']}, pinned {cpp['pinned'][:5]}")
     assert not fallbacks, f"CPU fallbacks: {fallbacks}"
     assert not wrong, "operators on the wrong backend:\n  " + "\n  ".join(wrong)
-    if routing == "mixed" or (routing == "default" and driver == "cuda"):
+    if driver == "cuda" and routing in ("default", "stub_only") and cpp:
+        assert per.get("flaggems", 0) > 0, f"no FlagGems kernel was launched from C++: {per}"
+    if routing == "mixed" or (routing in ("default", "stub_only") and driver == "cuda"):
         # Mixed means mixed: both kinds of backend were used.
         assert len(per) >= (2 if summary["flaggems_enabled"] or driver == "host" else 1), per
 
@@ -394,7 +410,8 @@ def test_host_training_fp32(runs, routing, report):
 
 _needs_flaggems = [pytest.mark.flaggems, pytest.mark.skipif(
     not torch_fl.is_flaggems_enabled(), reason="FlagGems is not enabled (needs the cuda driver and flag_gems)")]
-CUDA_ROUTINGS = [pytest.param("default", marks=_needs_flaggems), "all_cuda", "mixed"]
+CUDA_ROUTINGS = [pytest.param("default", marks=_needs_flaggems),
+                 pytest.param("stub_only", marks=_needs_flaggems), "all_cuda", "mixed"]
 
 
 @pytest.mark.cuda

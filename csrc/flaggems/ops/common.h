@@ -1,0 +1,98 @@
+#pragma once
+
+// Shared helpers of the family planners, and the planners the op table uses.
+
+#include <cstdint>
+
+#include "flaggems/ops/heuristics.h"
+#include "flaggems/plan.h"
+
+namespace torch_fl::flaggems::ops {
+
+using heur::cdiv;
+using heur::next_pow2;
+
+// The JIT function of `slot`; when it is not exported yet, records the
+// request in `plan` and sets *o to kNeedExport (kDecline when it failed).
+inline const JitFn* need(KernelSlot& slot, CallPlan& plan, Outcome* o) {
+  if (const JitFn* fn = slot.get()) return fn;
+  if (slot.state.load(std::memory_order_acquire) == SlotState::kFailed) {
+    *o = Outcome::kDecline;
+  } else {
+    plan.need_slot = &slot;
+    *o = Outcome::kNeedExport;
+  }
+  return nullptr;
+}
+
+// A Scalar argument as Python receives it (int, float, bool); false for
+// anything else (complex, a tensor, None).
+inline bool scalar_value(const c10::IValue& v, abi::Value* out) {
+  if (v.isDouble()) {
+    *out = abi::Value::floating(v.toDouble());
+  } else if (v.isBool()) {
+    *out = abi::Value::boolean(v.toBool());
+  } else if (v.isInt()) {
+    *out = abi::Value::integer(v.toInt());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Floating dtypes the reduction / softmax / matmul planners serve.
+inline bool is_float(c10::ScalarType t) {
+  return t == c10::kFloat || t == c10::kHalf || t == c10::kBFloat16;
+}
+
+// Product of sizes[begin, end).
+inline int64_t prod(c10::IntArrayRef sizes, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= sizes[i];
+  return p;
+}
+
+// An int argument (dim, keepdim as int, ...).
+inline bool int_arg(const c10::IValue& v, int64_t* out) {
+  if (!v.isInt()) return false;
+  *out = v.toInt();
+  return true;
+}
+
+// Normalises `dim` for a tensor of rank `ndim`; false when out of range.
+inline bool wrap_dim(int64_t dim, int64_t ndim, int64_t* out) {
+  if (dim < -ndim || dim >= ndim) return false;
+  *out = dim < 0 ? dim + ndim : dim;
+  return true;
+}
+
+// ---- planners (one per family) ---------------------------------------------
+Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_fill_zero(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_cat(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_index_select(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_embedding_backward(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_nll_loss(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_matmul(const OpDesc& op, Call& call, CallPlan& plan);
+
+// ---- family descriptions the op table refers to ----------------------------
+
+// A pointwise op: FlagGems' PointwiseDynamicFunction and which aten argument
+// feeds each of its positional arguments.
+struct PointwiseOp {
+  PointwiseSlot* fn;
+  PointwiseSlot* alt = nullptr;  // lerp: the kernel for weight >= 0.5
+  int8_t args[4] = {-1, -1, -1, -1};
+  int8_t nargs = 0;
+  bool inplace = false;    // out0 = self (aten argument 0)
+  bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
+};
+
+enum class Reduce : uint8_t { kMean, kArgmax, kAll, kCumsum };
+enum class Softmax : uint8_t { kForward, kBackward, kLogForward, kLogBackward };
+enum class NllLoss : uint8_t { kForward, kBackward };
+enum class Matmul : uint8_t { kBmm, kAddmm };
+
+}  // namespace torch_fl::flaggems::ops

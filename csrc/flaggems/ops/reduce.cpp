@@ -1,0 +1,234 @@
+// One-dimension reductions: mean.dim (ops/mean.py mean_dim_comm, one dim),
+// argmax with a dim (ops/argmax.py), and all (ops/all.py, no dim). Each
+// views the input as [M, N, K] around the reduced dim (after .contiguous()),
+// and picks a kernel by K: FlagGems' heuristics (runtime/backend/_nvidia/
+// heuristics_config_utils.py) recomputed here, SM count included.
+
+#include <cmath>
+
+#include "flaggems/cuda_launch.h"
+#include "flaggems/ops/common.h"
+
+namespace torch_fl::flaggems::ops {
+namespace {
+
+KernelSlot g_mean_vec{"flag_gems.ops.mean", "mean_dim_kernel_non_inner_vec",
+                      {"output_ptr", "input_ptr", "M", "N", "K", "BLOCK_SIZE_K", "VEC_SIZE"}};
+KernelSlot g_mean_non_inner{"flag_gems.ops.mean", "mean_dim_kernel_non_inner",
+                            {"output_ptr", "input_ptr", "M", "N", "K", "TILE_N", "TILE_K",
+                             "ONE_TILE_PER_CTA"}};
+KernelSlot g_mean_inner{"flag_gems.ops.mean", "mean_dim_kernel_inner",
+                        {"output_ptr", "input_ptr", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
+KernelSlot g_argmax_non_inner{"flag_gems.ops.argmax", "argmax_kernel_non_inner",
+                              {"inp", "out_index", "M", "N", "K", "TILE_K", "TILE_N",
+                               "ONE_TILE_PER_CTA"}};
+KernelSlot g_argmax_inner{"flag_gems.ops.argmax", "argmax_kernel_inner",
+                          {"inp", "out_index", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
+KernelSlot g_all_1{"flag_gems.ops.all", "all_kernel_1",
+                   {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
+KernelSlot g_all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
+KernelSlot g_cumsum_row{"flag_gems.ops.cumsum", "reduce_then_scan_root_scan_kernel_row",
+                        {"in_ptr", "out_ptr", "N", "TILE_SIZE"}};
+
+using heur::argmax_tile_k;
+using heur::argmax_tile_n;
+using heur::argmax_warps;
+using heur::mean_tile_k;
+using heur::mean_tile_n;
+using heur::tile_n_inner;
+using heur::warps_by_tile;
+
+// The sizes of the result: `dim` dropped, or kept as 1.
+c10::SmallVector<int64_t, 6> reduced_shape(c10::IntArrayRef sizes, int64_t dim, bool keepdim) {
+  c10::SmallVector<int64_t, 6> shape(sizes.begin(), sizes.end());
+  if (keepdim) {
+    shape[dim] = 1;
+  } else {
+    shape.erase(shape.begin() + dim);
+  }
+  return shape;
+}
+
+Outcome plan_all(Call& call, CallPlan& plan) {
+  const at::Tensor* self = call.tensor(0);
+  if (!self || !self->is_contiguous() || elem_type(self->scalar_type()) == abi::TType::kInvalid) {
+    return Outcome::kDecline;  // all_kernel_1 reads the input as a flat buffer
+  }
+  Outcome o = Outcome::kPlanned;
+  const JitFn* k1 = need(g_all_1, plan, &o);
+  if (!k1) return o;
+  const JitFn* k2 = need(g_all_2, plan, &o);
+  if (!k2) return o;
+  const int64_t n = self->numel();
+  const int64_t block = next_pow2(static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n)))));
+  const int64_t mid_size = cdiv(n, block);
+  at::Tensor mid = call.empty({mid_size}, c10::kBool);
+  at::Tensor out = call.empty({}, c10::kBool);
+  plan.keep.push_back(mid);
+  Launch& a = plan.add_launch();
+  a.start(k1);
+  a.grid[0] = static_cast<uint32_t>(mid_size);
+  a.ptr(*self);
+  a.ptr(mid);
+  a.i(n);
+  a.i(mid_size);
+  a.i(block);
+  Launch& b = plan.add_launch();
+  b.start(k2);
+  b.ptr(mid);
+  b.ptr(out);
+  b.i(mid_size);
+  b.i(next_pow2(mid_size));
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+// cumsum(self, dim, *, dtype) over the last dimension of a row short enough
+// for one persistent kernel (cumsum_wrapper's K == 1, N <= 16384 branch).
+Outcome plan_cumsum(Call& call, CallPlan& plan) {
+  const at::Tensor* self = call.tensor(0);
+  int64_t dim = 0;
+  if (!self || elem_type(self->scalar_type()) == abi::TType::kInvalid ||
+      !int_arg(call.arg(1), &dim) || !wrap_dim(dim, self->dim(), &dim)) {
+    return Outcome::kDecline;
+  }
+  const int64_t N = self->size(dim);
+  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
+  if (self->numel() / M / N != 1 || N > 16384) return Outcome::kDecline;  // column / long scans
+  c10::ScalarType dtype = self->scalar_type();
+  if (!call.arg(2).isNone()) {
+    if (!call.arg(2).isInt()) return Outcome::kDecline;
+    dtype = static_cast<c10::ScalarType>(call.arg(2).toInt());
+  } else if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    dtype = c10::kLong;
+  }
+  if (elem_type(dtype) == abi::TType::kInvalid) return Outcome::kDecline;
+  Outcome o = Outcome::kPlanned;
+  const JitFn* fn = need(g_cumsum_row, plan, &o);
+  if (!fn) return o;
+  at::Tensor inp = call.contiguous(*self, plan);
+  at::Tensor out = call.empty_like(inp, dtype);
+  const int64_t tile = next_pow2(N);
+  Launch& L = plan.add_launch();
+  L.start(fn);
+  L.grid[0] = static_cast<uint32_t>(M);
+  L.num_warps = tile > 2048 ? 8 : 4;
+  L.ptr(inp);
+  L.ptr(out);
+  L.i(N);
+  L.i(tile);
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+}  // namespace
+
+// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim) / all(self) / cumsum.
+Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
+  const Reduce which = *static_cast<const Reduce*>(op.family);
+  if (which == Reduce::kAll) return plan_all(call, plan);
+  if (which == Reduce::kCumsum) return plan_cumsum(call, plan);
+  const bool is_mean = which == Reduce::kMean;
+  const at::Tensor* self = call.tensor(0);
+  if (!self || !is_float(self->scalar_type())) return Outcome::kDecline;
+  int64_t dim = 0;
+  const c10::IValue& dims = call.arg(1);
+  if (is_mean) {
+    if (!dims.isIntList()) return Outcome::kDecline;
+    auto list = dims.toIntList();
+    if (list.size() != 1) return Outcome::kDecline;  // several dims: dim_compress + autotuned kernel
+    dim = list.get(0);
+  } else if (!int_arg(dims, &dim)) {
+    return Outcome::kDecline;  // argmax over everything: two kernels, not planned here
+  }
+  if (!wrap_dim(dim, self->dim(), &dim)) return Outcome::kDecline;
+  if (!call.arg(2).isBool()) return Outcome::kDecline;
+  const bool keepdim = call.arg(2).toBool();
+  c10::ScalarType out_dtype = is_mean ? self->scalar_type() : c10::kLong;
+  if (is_mean && !call.arg(3).isNone()) {
+    if (!call.arg(3).isInt()) return Outcome::kDecline;
+    out_dtype = static_cast<c10::ScalarType>(call.arg(3).toInt());
+    if (!is_float(out_dtype)) return Outcome::kDecline;
+  }
+
+  Outcome o = Outcome::kPlanned;
+  const int64_t N = self->size(dim);
+  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
+  const int64_t K = self->numel() / M / N;
+  const bool fp32 = self->scalar_type() == c10::kFloat;
+  const int sms = cuda::sm_count(call.device());
+  const JitFn* fn;
+  if (is_mean) {
+    fn = need(K >= 1024 ? g_mean_vec : K > 1 ? g_mean_non_inner : g_mean_inner, plan, &o);
+  } else {
+    fn = need(K > 1 ? g_argmax_non_inner : g_argmax_inner, plan, &o);
+  }
+  if (!fn) return o;
+
+  at::Tensor inp = call.contiguous(*self, plan);
+  // torch.empty(shape with dim = 1), squeezed unless keepdim: the same
+  // geometry as a contiguous tensor of the final shape.
+  at::Tensor out = call.empty(reduced_shape(self->sizes(), dim, keepdim), out_dtype);
+  Launch& L = plan.add_launch();
+  L.start(fn);
+  if (is_mean) {
+    L.ptr(out);
+    L.ptr(inp);
+    L.i(M);
+    L.i(N);
+    if (K >= 1024) {
+      const bool half = !fp32;
+      const int64_t vec = half ? 8 : 1;
+      const int64_t bk = half ? 128 : std::min<int64_t>(next_pow2(K), 512);
+      L.i(K);
+      L.i(bk);
+      L.i(vec);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, bk * vec));
+      L.num_warps = bk <= 128 ? 8 : 16;
+    } else if (K > 1) {
+      const int64_t tk = mean_tile_k(M, K, sms);
+      const int64_t tn = mean_tile_n(N, tk);
+      L.i(K);
+      L.i(tn);
+      L.i(tk);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
+      L.num_warps = warps_by_tile(tn * tk);
+    } else {
+      const int64_t tn = tile_n_inner(N);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.num_warps = warps_by_tile(tn);
+    }
+  } else {
+    L.ptr(inp);
+    L.ptr(out);
+    L.i(M);
+    L.i(N);
+    if (K > 1) {
+      const int64_t tk = argmax_tile_k(M, K, fp32, sms);
+      const int64_t tn = argmax_tile_n(N, tk);
+      if (next_pow2(tn) != tn) return Outcome::kDecline;  // FlagGems' kernel does not compile
+      L.i(K);
+      L.i(tk);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
+      L.num_warps = argmax_warps(tn, fp32);
+    } else {
+      const int64_t tn = tile_n_inner(N);
+      L.i(tn);
+      L.b(tn >= N);
+      L.grid[0] = static_cast<uint32_t>(M);
+      L.num_warps = warps_by_tile(tn);
+    }
+  }
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+}  // namespace torch_fl::flaggems::ops

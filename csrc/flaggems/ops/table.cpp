@@ -1,0 +1,145 @@
+// The op table: every aten overload the C++ path serves, the family planner
+// that plans it, and which FlagGems function it launches. A new pointwise op
+// is one line here; another family, one planner (ops/*.cpp).
+
+#include "flaggems/ops/common.h"
+
+namespace torch_fl::flaggems {
+namespace {
+
+using namespace ops;
+
+// FlagGems' PointwiseDynamicFunctions (ops/<module>.py).
+PointwiseSlot add_func{"flag_gems.ops.add", "add_func"};
+PointwiseSlot sub_func{"flag_gems.ops.sub", "sub_func"};
+PointwiseSlot neg_func{"flag_gems.ops.neg", "neg_func"};
+PointwiseSlot rsqrt_func{"flag_gems.ops.rsqrt", "rsqrt_func"};
+PointwiseSlot silu_func{"flag_gems.ops.silu", "silu_forward"};
+PointwiseSlot cos_func{"flag_gems.ops.cos", "cos_func"};
+PointwiseSlot sin_func{"flag_gems.ops.sin", "sin_func"};
+PointwiseSlot div_func{"flag_gems.ops.div", "true_div_func"};
+PointwiseSlot div_scalar_func{"flag_gems.ops.div", "true_div_func_tensor_scalar"};
+PointwiseSlot mul_func{"flag_gems.ops.mul", "mul_func"};
+PointwiseSlot eq_func{"flag_gems.ops.eq", "eq_func"};
+PointwiseSlot eq_scalar_func{"flag_gems.ops.eq", "eq_func_scalar"};
+PointwiseSlot ne_func{"flag_gems.ops.ne", "ne_func"};
+PointwiseSlot ne_scalar_func{"flag_gems.ops.ne", "ne_func_scalar"};
+PointwiseSlot lt_func{"flag_gems.ops.lt", "lt_func"};
+PointwiseSlot lt_scalar_func{"flag_gems.ops.lt", "lt_func_scalar"};
+PointwiseSlot le_func{"flag_gems.ops.le", "le_func"};
+PointwiseSlot le_scalar_func{"flag_gems.ops.le", "le_func_scalar"};
+PointwiseSlot gt_func{"flag_gems.ops.gt", "gt_func"};
+PointwiseSlot gt_scalar_func{"flag_gems.ops.gt", "gt_func_scalar"};
+PointwiseSlot ge_func{"flag_gems.ops.ge", "ge_func"};
+PointwiseSlot ge_scalar_func{"flag_gems.ops.ge", "ge_func_scalar"};
+PointwiseSlot lerp_head{"flag_gems.ops.lerp", "lerp_scalar_kernel_head"};
+PointwiseSlot lerp_tail{"flag_gems.ops.lerp", "lerp_scalar_kernel_tail"};
+PointwiseSlot where_func{"flag_gems.ops.where", "where_inner"};
+
+// aten argument index per positional argument of the FlagGems function.
+const PointwiseOp kAdd{&add_func, nullptr, {0, 1, 2}, 3};
+const PointwiseOp kAddInplace{&add_func, nullptr, {0, 1, 2}, 3, true};
+const PointwiseOp kSub{&sub_func, nullptr, {0, 1, 2}, 3};
+const PointwiseOp kSubInplace{&sub_func, nullptr, {0, 1, 2}, 3, true};
+const PointwiseOp kNeg{&neg_func, nullptr, {0}, 1};
+const PointwiseOp kNegInplace{&neg_func, nullptr, {0}, 1, true};
+const PointwiseOp kRsqrt{&rsqrt_func, nullptr, {0}, 1};
+const PointwiseOp kRsqrtInplace{&rsqrt_func, nullptr, {0}, 1, true};
+const PointwiseOp kSilu{&silu_func, nullptr, {0}, 1};
+const PointwiseOp kSiluInplace{&silu_func, nullptr, {0}, 1, true};
+const PointwiseOp kCos{&cos_func, nullptr, {0}, 1};
+const PointwiseOp kCosInplace{&cos_func, nullptr, {0}, 1, true};
+const PointwiseOp kSin{&sin_func, nullptr, {0}, 1};
+const PointwiseOp kSinInplace{&sin_func, nullptr, {0}, 1, true};
+const PointwiseOp kDiv{&div_func, nullptr, {0, 1}, 2};
+const PointwiseOp kDivInplace{&div_func, nullptr, {0, 1}, 2, true};
+const PointwiseOp kDivScalar{&div_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kDivScalarInplace{&div_scalar_func, nullptr, {0, 1}, 2, true};
+const PointwiseOp kMulInplace{&mul_func, nullptr, {0, 1}, 2, true};
+const PointwiseOp kEq{&eq_func, nullptr, {0, 1}, 2};
+const PointwiseOp kEqScalar{&eq_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kNe{&ne_func, nullptr, {0, 1}, 2};
+const PointwiseOp kNeScalar{&ne_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kLt{&lt_func, nullptr, {0, 1}, 2};
+const PointwiseOp kLtScalar{&lt_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kLe{&le_func, nullptr, {0, 1}, 2};
+const PointwiseOp kLeScalar{&le_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kGt{&gt_func, nullptr, {0, 1}, 2};
+const PointwiseOp kGtScalar{&gt_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kGe{&ge_func, nullptr, {0, 1}, 2};
+const PointwiseOp kGeScalar{&ge_scalar_func, nullptr, {0, 1}, 2};
+const PointwiseOp kLerp{&lerp_head, &lerp_tail, {0, 1, 2}, 3};
+const PointwiseOp kLerpInplace{&lerp_head, &lerp_tail, {0, 1, 2}, 3, true};
+const PointwiseOp kWhere{&where_func, nullptr, {0, 1, 2}, 3, false, true};
+
+const Reduce kMean = Reduce::kMean;
+const Reduce kArgmax = Reduce::kArgmax;
+const Reduce kAll = Reduce::kAll;
+const Reduce kCumsum = Reduce::kCumsum;
+const Softmax kSoftmax = Softmax::kForward;
+const Softmax kSoftmaxBackward = Softmax::kBackward;
+const Softmax kLogSoftmax = Softmax::kLogForward;
+const Softmax kLogSoftmaxBackward = Softmax::kLogBackward;
+const Matmul kBmm = Matmul::kBmm;
+const Matmul kAddmm = Matmul::kAddmm;
+
+OpDesc g_ops[] = {
+    {"add.Tensor", plan_pointwise, &kAdd},
+    {"add_.Tensor", plan_pointwise, &kAddInplace},
+    {"sub.Tensor", plan_pointwise, &kSub},
+    {"sub_.Tensor", plan_pointwise, &kSubInplace},
+    {"neg", plan_pointwise, &kNeg},
+    {"neg_", plan_pointwise, &kNegInplace},
+    {"rsqrt", plan_pointwise, &kRsqrt},
+    {"rsqrt_", plan_pointwise, &kRsqrtInplace},
+    {"silu", plan_pointwise, &kSilu},
+    {"silu_", plan_pointwise, &kSiluInplace},
+    {"cos", plan_pointwise, &kCos},
+    {"cos_", plan_pointwise, &kCosInplace},
+    {"sin", plan_pointwise, &kSin},
+    {"sin_", plan_pointwise, &kSinInplace},
+    {"div.Tensor", plan_pointwise, &kDiv},
+    {"div_.Tensor", plan_pointwise, &kDivInplace},
+    {"div.Scalar", plan_pointwise, &kDivScalar},
+    {"div_.Scalar", plan_pointwise, &kDivScalarInplace},
+    {"mul_.Tensor", plan_pointwise, &kMulInplace},
+    {"eq.Tensor", plan_pointwise, &kEq},
+    {"eq.Scalar", plan_pointwise, &kEqScalar},
+    {"ne.Tensor", plan_pointwise, &kNe},
+    {"ne.Scalar", plan_pointwise, &kNeScalar},
+    {"lt.Tensor", plan_pointwise, &kLt},
+    {"lt.Scalar", plan_pointwise, &kLtScalar},
+    {"le.Tensor", plan_pointwise, &kLe},
+    {"le.Scalar", plan_pointwise, &kLeScalar},
+    {"gt.Tensor", plan_pointwise, &kGt},
+    {"gt.Scalar", plan_pointwise, &kGtScalar},
+    {"ge.Tensor", plan_pointwise, &kGe},
+    {"ge.Scalar", plan_pointwise, &kGeScalar},
+    {"lerp.Scalar", plan_pointwise, &kLerp},
+    {"lerp_.Scalar", plan_pointwise, &kLerpInplace},
+    {"where.self", plan_pointwise, &kWhere},
+    {"zero_", plan_fill_zero, nullptr},
+    {"mean.dim", plan_reduce_dim, &kMean},
+    {"argmax", plan_reduce_dim, &kArgmax},
+    {"all", plan_reduce_dim, &kAll},
+    {"cumsum", plan_reduce_dim, &kCumsum},
+    {"_softmax", plan_softmax, &kSoftmax},
+    {"_softmax_backward_data", plan_softmax, &kSoftmaxBackward},
+    {"_log_softmax", plan_softmax, &kLogSoftmax},
+    {"_log_softmax_backward_data", plan_softmax, &kLogSoftmaxBackward},
+    {"cat", plan_cat, nullptr},
+    {"index_select", plan_index_select, nullptr},
+    {"embedding_dense_backward", plan_embedding_backward, nullptr},
+    {"nll_loss_forward", plan_nll_loss, nullptr},
+    {"bmm", plan_matmul, &kBmm},
+    {"addmm", plan_matmul, &kAddmm},
+};
+
+}  // namespace
+
+OpDesc* op_table(size_t* count) {
+  *count = sizeof(g_ops) / sizeof(g_ops[0]);
+  return g_ops;
+}
+
+}  // namespace torch_fl::flaggems

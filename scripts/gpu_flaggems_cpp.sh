@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One device run that validates and measures the C++ launch path of FlagGems
+# kernels (issue 13, docs/flaggems_cpp.md) on a GPU machine, in about 9
+# minutes on an H100 with 16 cores. Usage, from the repo root (the carried
+# wheels in .whl/ are installed first, as scripts/gpu_check.sh does):
+#   bash scripts/gpu_flaggems_cpp.sh          (or: bash scripts/gpu_check.sh flaggems-cpp)
+# Steps, each bounded by what is left of FLAGOS_GPU_BUDGET_S (default 560 s):
+#  1. build (cuda driver);
+#  2. in parallel: tests/python/test_flaggems_cpp.py (bit-equality of every
+#     C++-launched operator with FlagGems' Python path, strict verification)
+#     in 8 shards; the Qwen3 end-to-end tests under default routing and
+#     stub-only mode; test_flaggems.py without the slow OpInfo sweep;
+#  3. benchmarks, the GPU to themselves: per-op host time (bench/flaggems_ops.py),
+#     first-call cost cold vs warm caches (bench/flaggems_first_call.py), Qwen3
+#     generate tokens/s and training step time (bench/qwen3.py);
+#  4. a summary table (scripts/flaggems_cpp_summary.py), printed last.
+# Logs and JSON go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flagos-gpu}
+mkdir -p "$OUT"
+START=$(date +%s)
+BUDGET=${FLAGOS_GPU_BUDGET_S:-560}
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+export PYTHONUNBUFFERED=1
+export PATH=/usr/local/cuda/bin:$PATH
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export GEMS_VENDOR=nvidia
+{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)";
+  python3 -c "import triton; print('triton', triton.__version__)";
+  python3 -c "import importlib.metadata as m; print('flag_gems', m.version('flag_gems'))"; nproc; } 2>&1 | tee "$OUT/env.txt"
+
+echo "== build"
+if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  exit 1
+fi
+echo "build: $(( $(date +%s) - START )) s"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} FLAGOS_REPORT_DIR=$OUT
+# Shared caches for this run (the first-call benchmark uses its own, empty ones).
+CACHE=/tmp/flaggems-cpp-run
+export TRITON_CACHE_DIR=$CACHE/triton FLAGOS_CACHE_DIR=$CACHE/flagos
+mkdir -p "$CACHE"
+python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), '| C++ ops', len(torch_fl.flaggems.cpp_ops()), '| Python ops', len(torch_fl.flaggems.registered_ops()))" 2>&1 | tee -a "$OUT/env.txt"
+
+echo "== tests ($(left) s left)"
+T=$(( $(left) - 240 ))  # keep ~240 s for the benchmarks
+[ "$T" -lt 120 ] && T=120
+SHARDS=8
+pids=()
+for i in $(seq 0 $((SHARDS - 1))); do
+  FLAGOS_TEST_SHARD=$i/$SHARDS FLAGGEMS_CACHE_DIR=$CACHE/flaggems$i FLAGOS_FLAGGEMS_VERIFY=strict \
+    timeout "$T" python3 -m pytest -q -rfs -p no:cacheprovider tests/python/test_flaggems_cpp.py \
+    > "$OUT/cpp_shard$i.log" 2>&1 &
+  pids+=($!)
+done
+FLAGGEMS_CACHE_DIR=$CACHE/flaggems-e2e FLAGOS_QWEN3_PARALLEL=4 timeout "$T" python3 -m pytest -q -rfs \
+  -p no:cacheprovider tests/python/test_qwen3.py -m cuda -k "default or stub_only" \
+  > "$OUT/qwen3_e2e.log" 2>&1 &
+pids+=($!)
+FLAGGEMS_CACHE_DIR=$CACHE/flaggems-fg timeout "$T" python3 -m pytest -q -rfs -p no:cacheprovider \
+  tests/python/test_flaggems.py -m "not slow" > "$OUT/flaggems_tests.log" 2>&1 &
+pids+=($!)
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+echo "tests: $(( $(date +%s) - START )) s elapsed"
+
+export FLAGGEMS_CACHE_DIR=$CACHE/flaggems-bench
+echo "== per-op host time ($(left) s left)"
+timeout $(( $(left) > 200 ? 90 : 60 )) python3 bench/flaggems_ops.py --rounds 5 --json "$OUT/flaggems_ops.json" \
+  > "$OUT/flaggems_ops.log" 2>&1 || echo "flaggems_ops: exit $? (see flaggems_ops.log)"
+echo "== first-call cost, cold vs warm caches ($(left) s left)"
+if [ "$(left)" -gt 100 ]; then
+  timeout $(( $(left) - 90 > 110 ? 110 : $(left) - 90 )) python3 bench/flaggems_first_call.py \
+    --json "$OUT/first_call.json" > "$OUT/first_call.log" 2>&1 || echo "first_call: exit $?"
+else
+  echo "skipped: out of time" | tee "$OUT/first_call.log"
+fi
+echo "== Qwen3 generate and training ($(left) s left)"
+if [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) - 15 )) python3 bench/qwen3.py --configs "flagos all-cuda,flagos" \
+    --warmup 1 --repeats 3 --steps 6 --json "$OUT/qwen3.json" > "$OUT/qwen3.log" 2>&1 \
+    || echo "qwen3: exit $? (see qwen3.log)"
+else
+  echo "skipped: out of time" | tee "$OUT/qwen3.log"
+fi
+echo "total: $(( $(date +%s) - START )) s"
+python3 scripts/flaggems_cpp_summary.py "$OUT"
+exit $rc
