@@ -124,6 +124,13 @@ def inference(a) -> dict:
     run("flagos" if "flagos" in sides else "flagos all-cuda", a.batches[0])
     summary = wl.routing_summary()
     results["routing"] = {b: list(v) for b, v in wl.calls_by_backend(summary).items()}
+    # FlagGems through its Python wrapper (first calls of a kernel key, keys or
+    # operators the C++ path does not serve): what is left to port.
+    results["flaggems_python_ops"] = {s["op"].removeprefix("aten::"): s["calls"]["flaggems-python"]
+                                      for s in summary["stats"] if s["calls"].get("flaggems-python")}
+    if summary.get("flaggems_cpp"):
+        s = summary["flaggems_cpp"]
+        results["flaggems_cpp"] = {k: s[k] for k in ("launched", "captures", "admitted", "pinned")}
     return results
 
 
@@ -240,7 +247,7 @@ def main(argv=None) -> int:
     print(f"Qwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
           f"{time.monotonic() - t0:.0f} s")
     for key, row in res.get("inference", {}).items():
-        if key == "routing":
+        if not key.startswith("batch"):
             continue
         print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
               f"{a.rounds} rounds (x cuda: tokens/s ratio, higher is better)")

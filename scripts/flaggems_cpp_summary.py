@@ -94,24 +94,30 @@ def main(out):
         print("  not run (see first_call.log)")
 
     q = load(os.path.join(out, "qwen3.json"))
-    print("\n-- Qwen3 0.6b: generate (bf16) and training step (fp32) vs native CUDA")
+    print("\n-- Qwen3 0.6b: generate (bf16) tokens/s and training step time, x native CUDA")
     if q:
-        for c, r in q["rows"].items():
-            print(f"  {c:<17} prefill {r['prefill_tok_s']:>8.0f} tok/s ({r['prefill_vs_cuda']:.2f}x)  "
-                  f"decode {r['decode_tok_s']:>7.1f} tok/s ({r['decode_vs_cuda']:.2f}x)  "
-                  f"train step {r['train_step_s'] * 1e3:>7.1f} ms ({r['train_step_vs_cuda']:.2f}x)")
-        rows = q["rows"]
-        for c, r in rows.items():
-            if r.get("flaggems_cpp"):
-                s = r["flaggems_cpp"]
-                print(f"  {c}: FlagGems from C++ {s['launched']} launches, {s['captures']} captures, "
-                      f"pinned {s['pinned'][:3]}")
-            if r.get("flaggems_python_ops"):
-                print(f"  {c}: FlagGems through Python (calls): {r['flaggems_python_ops']}")
-        if "flagos" in rows and "flagos all-cuda" in rows:
-            d = rows["flagos"]["decode_tok_s"] / rows["flagos all-cuda"]["decode_tok_s"]
-            t = rows["flagos all-cuda"]["train_step_s"] / rows["flagos"]["train_step_s"]
-            print(f"  default routing vs all-cuda: decode {d:.2f}x, training {t:.2f}x (>= 1: default is as fast)")
+        inf, tr = q.get("inference", {}), q.get("training", {})
+        for key, row in inf.items():
+            if not key.startswith("batch"):
+                continue
+            for c, r in row.items():
+                print(f"  generate {key:<8} {c:<16} {r['tok_s']:>8.1f} tok/s  x cuda {r['ratio']:.3f}  "
+                      f"tokens equal {r['tokens_equal_cuda']}/{r['tokens']}")
+            if "flagos" in row and "flagos all-cuda" in row:
+                print(f"  generate {key}: default vs all-cuda "
+                      f"{row['flagos']['tok_s'] / row['flagos all-cuda']['tok_s']:.3f}x (>= 1: default as fast)")
+        for mode, row in tr.items():
+            for c, r in row.items():
+                print(f"  train {mode:<13} {c:<16} {r['step_ms']:>8.1f} ms  x cuda {r['ratio']:.3f}  "
+                      f"losses equal {r['losses_equal_cuda']}")
+            if "flagos" in row and "flagos all-cuda" in row:
+                print(f"  train {mode}: default vs all-cuda "
+                      f"{row['flagos all-cuda']['step_ms'] / row['flagos']['step_ms']:.3f}x (>= 1: default as fast)")
+        if inf.get("flaggems_cpp"):
+            s = inf["flaggems_cpp"]
+            print(f"  FlagGems from C++: {s['launched']} launches, {s['captures']} captures, pinned {s['pinned'][:3]}")
+        if inf.get("flaggems_python_ops"):
+            print(f"  FlagGems through Python (calls): {inf['flaggems_python_ops']}")
     else:
         print("  not run (see qwen3.log)")
     print("===================================================================")

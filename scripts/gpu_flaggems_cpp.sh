@@ -81,8 +81,8 @@ else
 fi
 echo "== Qwen3 generate and training ($(left) s left)"
 if [ "$(left)" -gt 60 ]; then
-  timeout $(( $(left) - 15 )) python3 bench/qwen3.py --configs "flagos all-cuda,flagos" \
-    --warmup 1 --repeats 3 --steps 6 --json "$OUT/qwen3.json" > "$OUT/qwen3.log" 2>&1 \
+  timeout $(( $(left) - 15 )) python3 bench/qwen3.py --configs "flagos all-cuda" flagos \
+    --warmup 1 --rounds 3 --train-rounds 1 --steps 5 --json "$OUT/qwen3.json" > "$OUT/qwen3.log" 2>&1 \
     || echo "qwen3: exit $? (see qwen3.log)"
 else
   echo "skipped: out of time" | tee "$OUT/qwen3.log"

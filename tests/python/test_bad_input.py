@@ -4,7 +4,7 @@ Three tables, each case answered by "a clear Python exception whose message
 names the culprit" or "a clean success" (where the value is actually valid):
 
 1. Environment (_env_cases): every environment variable torch_fl reads (and
-   FLAGGEMS_SOURCE_DIR, which it does not), set to empty, garbage, huge and
+   FLAGGEMS_SOURCE_DIR), set to empty, garbage, huge and
    negative values. Each case is a fresh process in which torch_fl was never
    loaded: fork servers (started with conftest.start_py, one per core) import
    torch once and fork one child per case, which sets the variables, runs the
@@ -224,9 +224,10 @@ def _env_cases(tmp):
 
     four_bad("FLAGOS_DISABLE_FLAGGEMS_PY")
 
-    # Not read by torch_fl (only by FlagGems' own build): any value is ignored.
-    for label, value in [("garbage", no_such), ("huge-text", HUGE_TEXT)]:
-        add(f"FLAGGEMS_SOURCE_DIR={label}", {"FLAGGEMS_SOURCE_DIR": value}, ok())
+    # Where FlagGems' kernel sources are (docs/flaggems_cpp.md): checked at import on
+    # every driver, so a wrong value is named before anything runs.
+    for label, value in [("garbage", no_such), ("huge-text", HUGE_TEXT), ("a-file", os.devnull)]:
+        add(f"FLAGGEMS_SOURCE_DIR={label}", {"FLAGGEMS_SOURCE_DIR": value}, BAD)
     return cases
 
 
