@@ -240,33 +240,41 @@ def main(argv=None) -> int:
     res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                     "args": vars(a), "gpu": torch.cuda.get_device_name(0),
                     "torch": torch.__version__}}
-    if "training" not in a.skip:
-        res["training"] = training(a)
+    print(f"Qwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}",
+          flush=True)
+
+    def save():  # after each part, so a run cut short keeps what it measured
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+
     if "inference" not in a.skip:
         res["inference"] = inference(a)
-    print(f"Qwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
-          f"{time.monotonic() - t0:.0f} s")
-    for key, row in res.get("inference", {}).items():
-        if not key.startswith("batch"):
-            continue
-        print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
-              f"{a.rounds} rounds (x cuda: tokens/s ratio, higher is better)")
-        for side, r in row.items():
-            print(f"  {side:<16} {r['tok_s']:>9.1f} tok/s  x cuda {r['ratio']:5.3f}  tokens equal "
-                  f"{r['tokens_equal_cuda']}/{r['tokens']}  per round "
-                  + " ".join(f"{x:.3f}" for x in r["per_round"]))
-    for mode, row in res.get("training", {}).items():
-        print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, {a.train_rounds} "
-              f"rounds (x cuda: step time ratio, lower is better)")
-        for c, r in row.items():
-            print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
-                  f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
-    if "inference" in res:
+        save()
+        for key, row in res["inference"].items():
+            if not key.startswith("batch"):
+                continue
+            print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
+                  f"{a.rounds} rounds (x cuda: tokens/s ratio, higher is better)")
+            for side, r in row.items():
+                print(f"  {side:<16} {r['tok_s']:>9.1f} tok/s  x cuda {r['ratio']:5.3f}  tokens equal "
+                      f"{r['tokens_equal_cuda']}/{r['tokens']}  per round "
+                      + " ".join(f"{x:.3f}" for x in r["per_round"]))
         print("flagos routing: " + ", ".join(
             f"{b} {o} ops/{n} calls" for b, (o, n) in sorted(res["inference"]["routing"].items())))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        if res["inference"].get("flaggems_python_ops"):
+            print(f"FlagGems through Python (calls): {res['inference']['flaggems_python_ops']}")
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
+    if "training" not in a.skip:
+        res["training"] = training(a)
+        save()
+        for mode, row in res["training"].items():
+            print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, {a.train_rounds} "
+                  f"rounds (x cuda: step time ratio, lower is better)")
+            for c, r in row.items():
+                print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
+                      f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 
 

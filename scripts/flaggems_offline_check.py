@@ -403,7 +403,7 @@ def main() -> int:
         op, args, kwargs, label = families[i % len(families)](rng, g)
         label = f"#{i} {op} {label}"
         plan = _C._flaggems_plan(op, args, kwargs)
-        if plan["outcome"] == "decline":
+        if plan["outcome"] in ("decline", "native"):
             declined += 1
             if a.verbose:
                 print("declined", label)

@@ -49,12 +49,16 @@ using routing::Backend;
 // C++ does not serve runs natively.
 Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const void* desc,
                     torch::jit::Stack* stack, int64_t python_kernel) {
+  bool native = false;  // FlagGems fails on these arguments (flaggems::Ran::kNative)
   if (desc != nullptr && flaggems::cpp_enabled()) {
     const flaggems::Ran ran = flaggems::run(op, plan, *static_cast<const flaggems::OpDesc*>(desc),
                                             python_kernel, stack);
-    if (ran != flaggems::Ran::kNotServed) return {Backend::kFlagGems, ran == flaggems::Ran::kCpp};
+    if (ran == flaggems::Ran::kCpp || ran == flaggems::Ran::kPython) {
+      return {Backend::kFlagGems, ran == flaggems::Ran::kCpp};
+    }
+    native = ran == flaggems::Ran::kNative;
   }
-  if (python_kernel < 0 && plan.python_kernel.load(std::memory_order_relaxed) < 0) {
+  if (native || (python_kernel < 0 && plan.python_kernel.load(std::memory_order_relaxed) < 0)) {
     run_native(op, plan, stack);
     return {Backend::kNative, false};
   }

@@ -478,6 +478,7 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
     CallPlan plan;
     const Outcome o = d.planner(d, call, plan);
     if (o == Outcome::kDecline) return "the planner declines these arguments";
+    if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
     if (o == Outcome::kNeedExport) {
       bool ok = plan.need_slot        ? resolve(*plan.need_slot)
                 : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
@@ -558,6 +559,7 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
     CallPlan plan;
     const Outcome o = d.planner(d, call, plan);
     if (o == Outcome::kDecline) break;
+    if (o == Outcome::kNative) return Ran::kNative;
     if (o == Outcome::kNeedExport) {
       bool ok = plan.need_slot        ? resolve(*plan.need_slot)
                 : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
@@ -689,6 +691,7 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
   Call call(stack->data() + base, oplan.num_arguments);
   CallPlan p;
   const Outcome o = d->planner(*d, call, p);
+  if (o == Outcome::kNative) return Ran::kNative;
   if (o == Outcome::kDecline) {
     d->declined.fetch_add(1, std::memory_order_relaxed);
     count(kDeclined);
@@ -787,6 +790,10 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
     }
     if (o == Outcome::kDecline) {
       report.outcome = "decline";
+      return report;
+    }
+    if (o == Outcome::kNative) {
+      report.outcome = "native";
       return report;
     }
     if (o == Outcome::kNeedTuning) {

@@ -59,6 +59,7 @@ enum class Ran : uint8_t {
   kCpp,        // launched from C++
   kPython,     // FlagGems' Python wrapper ran (first call of a key, a pinned key)
   kNotServed,  // neither: the caller runs the wrapper (or native, stub-only)
+  kNative,     // FlagGems fails on these arguments (Outcome::kNative): the caller runs native
 };
 
 // Runs `op`, described by `d` (describe(op)), with the arguments on `stack`.

@@ -54,6 +54,7 @@ enum class Outcome : uint8_t {
   kDecline,     // outside the planner's domain: FlagGems' Python wrapper (or native) serves it
   kNeedExport,  // a JIT function is not exported yet: slow path, then plan again
   kNeedTuning,  // an autotuned kernel has no config for this tuner key yet
+  kNative,      // FlagGems' wrapper is known to fail on these arguments: the native kernel serves it
 };
 
 struct CallPlan {

@@ -131,7 +131,6 @@ POINTWISE = [
     unary("eq.Scalar", lambda x: torch.ops.aten.eq.Scalar(x, 0.5)),
     unary("ne.Scalar", lambda x: torch.ops.aten.ne.Scalar(x, 0)),
     unary("gt.Scalar", lambda x: torch.ops.aten.gt.Scalar(x, -0.25)),
-    unary("div.Scalar", lambda x: torch.ops.aten.div.Scalar(x, 3.0)),
 ]
 # Every dtype in every layout for these; the others rotate the dtype over the layouts.
 CORE = {"add.Tensor", "mul_.Tensor", "silu", "where.self", "rsqrt"}
@@ -149,7 +148,8 @@ OTHERS = [
     single("mean.dim", _rows, lambda c, l: place(c[0], l).mean(-1)),
     single("mean.dim", _rows, lambda c, l: place(c[0], l).mean(0, keepdim=True)),
     single("argmax", _rows, lambda c, l: place(c[0], l).argmax(-1)),
-    single("argmax", _rows, lambda c, l: place(c[0], l).argmax(0)),
+    # 32 rows: FlagGems' own wrapper fails on a non-power-of-2 count (see below).
+    single("argmax", _rows, lambda c, l: place(c[0], l)[:32].argmax(0)),
     single("all", _rows, lambda c, l: torch.all(place(c[0], "contiguous") > -3), ("contiguous",)),
     single("cumsum", _rows, lambda c, l: torch.cumsum(place(c[0], l), -1)),
     single("cumsum", lambda g, s, d: [torch.randint(0, 2, s, generator=g)],
@@ -336,7 +336,7 @@ def test_stub_only_mode_runs_flaggems_kernels_from_cpp(tmp_path):
             "ref = F.silu(x.cpu()); torch.testing.assert_close(y.cpu(), ref)\n"
             "torch.testing.assert_close(z.cpu(), torch.softmax(x.cpu(), -1))\n"
             "st = {s.op: s.calls for s in torch_fl.routing.stats()}\n"
-            "print(st['aten::silu'], st['aten::_softmax'], st.get('aten::mm', {}))\n"
+            "print(st['aten::silu']); print(st['aten::_softmax']); print(st.get('aten::mm', {}))\n"
             "print(torch_fl.flaggems.cpp_stats()['compiled'] + torch_fl.flaggems.cpp_stats()['disk_kernels'])\n")
     rc, out, err = run_py(code, env={"FLAGOS_DISABLE_FLAGGEMS_PY": "1",
                                      "FLAGOS_CACHE_DIR": str(tmp_path)}, timeout=300)
@@ -345,3 +345,17 @@ def test_stub_only_mode_runs_flaggems_kernels_from_cpp(tmp_path):
     assert silu == "{'flaggems': 1}" and softmax == "{'flaggems': 1}", out
     assert "flaggems" not in mm, out  # mm has no C++ description: native
     assert int(kernels) >= 2, out
+
+
+@_first_shard
+def test_argmax_flaggems_cannot_compile_runs_natively():
+    # FlagGems 5.0.2's argmax over a non-inner dim of N <= 128 elements, N not a
+    # power of 2, fails to compile (tl.arange of N); the planner sends it to CUDA.
+    g = torch.Generator().manual_seed(SEED)
+    for dtype in DTYPES:
+        x = randn(g, (48, 96), dtype)
+        torch_fl.routing.reset_stats()
+        got = x.to("flagos").argmax(0)
+        calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::argmax"]
+        assert calls == {"native": 1}, calls
+        assert torch.equal(got.cpu(), x.cuda().argmax(0).cpu())

@@ -157,6 +157,10 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   const int64_t K = self->numel() / M / N;
   const bool fp32 = self->scalar_type() == c10::kFloat;
   const int sms = cuda::sm_count(call.device());
+  // FlagGems 5.0.2's argmax over a non-inner dim of N <= 128 elements uses
+  // TILE_N = N, and tl.arange needs a power of 2: its wrapper raises a Triton
+  // compile error for, say, argmax(0) of a 48-row tensor. CUDA's kernel serves it.
+  if (!is_mean && K > 1 && N <= 128 && (N & (N - 1)) != 0) return Outcome::kNative;
   const JitFn* fn;
   if (is_mean) {
     fn = need(K >= 1024 ? g_mean_vec : K > 1 ? g_mean_non_inner : g_mean_inner, plan, &o);

@@ -18,7 +18,6 @@ PointwiseSlot silu_func{"flag_gems.ops.silu", "silu_forward"};
 PointwiseSlot cos_func{"flag_gems.ops.cos", "cos_func"};
 PointwiseSlot sin_func{"flag_gems.ops.sin", "sin_func"};
 PointwiseSlot div_func{"flag_gems.ops.div", "true_div_func"};
-PointwiseSlot div_scalar_func{"flag_gems.ops.div", "true_div_func_tensor_scalar"};
 PointwiseSlot mul_func{"flag_gems.ops.mul", "mul_func"};
 PointwiseSlot eq_func{"flag_gems.ops.eq", "eq_func"};
 PointwiseSlot eq_scalar_func{"flag_gems.ops.eq", "eq_func_scalar"};
@@ -53,8 +52,6 @@ const PointwiseOp kSin{&sin_func, nullptr, {0}, 1};
 const PointwiseOp kSinInplace{&sin_func, nullptr, {0}, 1, true};
 const PointwiseOp kDiv{&div_func, nullptr, {0, 1}, 2};
 const PointwiseOp kDivInplace{&div_func, nullptr, {0, 1}, 2, true};
-const PointwiseOp kDivScalar{&div_scalar_func, nullptr, {0, 1}, 2};
-const PointwiseOp kDivScalarInplace{&div_scalar_func, nullptr, {0, 1}, 2, true};
 const PointwiseOp kMulInplace{&mul_func, nullptr, {0, 1}, 2, true};
 const PointwiseOp kEq{&eq_func, nullptr, {0, 1}, 2};
 const PointwiseOp kEqScalar{&eq_scalar_func, nullptr, {0, 1}, 2};
@@ -100,8 +97,6 @@ OpDesc g_ops[] = {
     {"sin_", plan_pointwise, &kSinInplace},
     {"div.Tensor", plan_pointwise, &kDiv},
     {"div_.Tensor", plan_pointwise, &kDivInplace},
-    {"div.Scalar", plan_pointwise, &kDivScalar},
-    {"div_.Scalar", plan_pointwise, &kDivScalarInplace},
     {"mul_.Tensor", plan_pointwise, &kMulInplace},
     {"eq.Tensor", plan_pointwise, &kEq},
     {"eq.Scalar", plan_pointwise, &kEqScalar},
