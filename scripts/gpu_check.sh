@@ -3,7 +3,7 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain|flaggems-cpp] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain|models|flaggems-cpp] [extra pytest args]
 # flaggems-cpp runs scripts/gpu_flaggems_cpp.sh: the C++ launch path of FlagGems
 # kernels validated and measured in one run (docs/flaggems_cpp.md).
 # bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
@@ -12,7 +12,9 @@
 # with default routing and with every operator on CUDA's kernels. tune runs the tuning,
 # verification and report tests, then bench/tuned_qwen3.py's inference half (tune, then
 # tokens/s of tuned vs default vs all-cuda); tunetrain its training half (each fits the
-# 10-minute limit of one device call). With a .whl/ folder of
+# 10-minute limit of one device call). models runs the model-level benchmarks in
+# bounded time (QWEN3_S, GRAPHS_S seconds): bench/qwen3.py (generate and training,
+# flagos all-cuda and default against cuda) and bench/decode_graphs.py. With a .whl/ folder of
 # carried wheels (flag_gems; see docs/gpu.md) they are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +61,12 @@ fi
 if [ "$what" = tunetrain ]; then
   python3 bench/tuned_qwen3.py --skip inference --outdir "$OUT/tuned_qwen3" \
     --json "$OUT/tuned_qwen3_train.json" 2>&1 | tee "$OUT/tune_train_bench.log"
+fi
+if [ "$what" = models ]; then
+  timeout "${QWEN3_S:-300}" python3 bench/qwen3.py --configs "flagos all-cuda" flagos --rounds 3 \
+    --train-rounds 1 --steps 4 --warmup 1 --json "$OUT/qwen3.json" 2>&1 | tee "$OUT/qwen3.log"
+  timeout "${GRAPHS_S:-200}" python3 bench/decode_graphs.py --rounds 5 --json "$OUT/decode_graphs.json" \
+    2>&1 | tee "$OUT/decode_graphs.log"
 fi
 if [ "$what" = dist ]; then
   # no NVLink multicast on the 2-GPU machines: every process gets these
