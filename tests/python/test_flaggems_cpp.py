@@ -176,12 +176,13 @@ OTHERS = [
            lambda c, l: torch.cat([place(t, l) for t in c], 0)),
     single("cat", lambda g, s, d: [randn(g, s, d) for _ in range(6)],
            lambda c, l: torch.cat([place(t, l) for t in c], 1), ("contiguous",)),
+    # Dim 0 of a row-major input goes native (test_index_select_that_copies_its_input_runs_natively).
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[0], (37,), generator=g)],
-           lambda c, l: torch.index_select(place(c[0], l), 0, c[1].to(DEV))),
+           lambda c, l: torch.index_select(place(c[0], l), 0, c[1].to(DEV)), ("transposed",)),
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[1], (37,), generator=g)],
            lambda c, l: torch.index_select(place(c[0], l), 1, c[1].to(DEV))),
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[0], (2, 9), generator=g)],
-           lambda c, l: F.embedding(c[1].to(DEV), place(c[0], "contiguous")), ("contiguous",)),
+           lambda c, l: F.embedding(c[1].to(DEV), place(c[0], "transposed")), ("contiguous",)),
     single("embedding_dense_backward",
            lambda g, s, d: [randn(g, (s[0] // 2, s[1]), d), torch.randperm(s[0], generator=g)[: s[0] // 2]],
            lambda c, l: torch.ops.aten.embedding_dense_backward(place(c[0], "contiguous"), c[1].to(DEV),
@@ -359,3 +360,18 @@ def test_argmax_flaggems_cannot_compile_runs_natively():
         calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::argmax"]
         assert calls == {"native": 1}, calls
         assert torch.equal(got.cpu(), x.cuda().argmax(0).cpu())
+
+
+@_first_shard
+def test_index_select_that_copies_its_input_runs_natively():
+    # FlagGems' index_select makes the selected dim innermost by copying the whole
+    # input; where that is not free (an embedding table, row-major), CUDA serves it.
+    g = torch.Generator().manual_seed(SEED)
+    for dtype in DTYPES:
+        w = randn(g, (1000, 64), dtype)
+        idx = torch.randint(0, 1000, (2, 9), generator=g)
+        torch_fl.routing.reset_stats()
+        got = F.embedding(idx.to(DEV), w.to(DEV))
+        calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::index_select"]
+        assert calls == {"native": 1}, calls
+        assert torch.equal(got.cpu(), F.embedding(idx.cuda(), w.cuda()).cpu())
