@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,6 +64,22 @@ def _generate(model, ids, new_tokens):
                              do_sample=False, use_cache=True, pad_token_id=0)
         _sync()
         return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
+
+
+def interleaved(a, sides: list, run) -> tuple:
+    """a.warmup untimed calls of run(side) per side, then a.rounds rounds of one
+    timed call per side, the first side rotating; run returns (tokens, seconds).
+    Returns the seconds per side and round, and each side's last tokens."""
+    for side in sides:  # warm-up: compilation, autotuning, caches
+        for _ in range(a.warmup):
+            run(side)
+    times = {s: [] for s in sides}
+    tokens = {}
+    for r in range(a.rounds):
+        for side in sides[r % len(sides):] + sides[:r % len(sides)]:
+            tokens[side], t = run(side)
+            times[side].append(t)
+    return times, tokens
 
 
 def inference(a) -> dict:
@@ -96,18 +111,7 @@ def inference(a) -> dict:
 
     results = {}
     for batch in a.batches:
-        for side in sides:  # warm-up: compilation, autotuning, caches
-            for _ in range(a.warmup):
-                run(side, batch)
-        times = {s: [] for s in sides}
-        tokens = {}
-        names = list(sides)
-        for r in range(a.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for side in order:
-                toks, t = run(side, batch)
-                times[side].append(t)
-                tokens[side] = toks
+        times, tokens = interleaved(a, list(sides), lambda side: run(side, batch))
         row = {}
         for side in sides:
             tok_s = [batch * a.new_tokens / t for t in times[side]]
@@ -210,8 +214,8 @@ def training(a) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The workload's and the method's arguments (bench/tuned_qwen3.py takes them too)."""
     p.add_argument("--size", default="0.6b")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=32)
@@ -222,6 +226,11 @@ def main(argv=None) -> int:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_args(p)
     p.add_argument("--configs", nargs="+", choices=CONFIGS[1:], default=list(DEFAULT_CONFIGS),
                    help="flagos configurations to compare with cuda (default: %(default)s)")
     p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])

@@ -39,6 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 EXAMPLES = os.path.join(ROOT, "examples")
 QWEN3 = os.path.join(HERE, "qwen3.py")
+sys.path.insert(0, HERE)
+import qwen3 as q  # noqa: E402  (bench/qwen3.py: the workload's arguments, the interleaved timing)
 SIDES = ("default", "default (A/A)", "all-cuda", "tuned")
 
 
@@ -98,10 +100,8 @@ def tune(a, outdir: str, name: str, workload: list) -> dict:
 
 def inference(a, tuned_conf: str) -> dict:
     sys.path.insert(0, EXAMPLES)
-    sys.path.insert(0, HERE)
     import torch
     import torch_fl
-    import qwen3 as q
     import qwen3_workload as wl
 
     with open(tuned_conf, "rb") as f:
@@ -131,17 +131,7 @@ def inference(a, tuned_conf: str) -> dict:
 
     results = {}
     for batch in a.batches:
-        for side in sides:
-            for _ in range(a.warmup):
-                run(side, batch)
-        times = {s: [] for s in sides}
-        tokens = {}
-        for r in range(a.rounds):
-            order = sides[r % len(sides):] + sides[:r % len(sides)]
-            for side in order:
-                toks, t = run(side, batch)
-                times[side].append(t)
-                tokens[side] = toks
+        times, tokens = q.interleaved(a, list(sides), lambda side: run(side, batch))
         row = {}
         for side in sides:
             row[side] = {"tok_s": statistics.median(batch * a.new_tokens / t for t in times[side]),
@@ -202,16 +192,7 @@ def ratios(row: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="0.6b")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--train-batch", type=int, default=4)
-    p.add_argument("--train-len", type=int, default=128)
-    p.add_argument("--train-rounds", type=int, default=2)
+    q.add_workload_args(p)
     p.add_argument("--budget-ms", type=float, default=5.0, help="tune's timing budget")
     p.add_argument("--tune-new-tokens", type=int, default=16,
                    help="new tokens per generate() while tuning (a sample of the decode shapes)")
@@ -263,35 +244,35 @@ def main(argv=None) -> int:
     print(f"\nQwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
           f"{time.monotonic() - t0:.0f} s; tuned configs, data, reports, plots: {outdir}")
     for key, row in res.get("inference", {}).items():
-        q = ratios(row)
-        res["inference"][key]["ratios"] = q
+        rt = ratios(row)
+        res["inference"][key]["ratios"] = rt
         print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
               f"{a.rounds} rounds")
         for side in ("cuda",) + SIDES:
             r = row[side]
             print(f"  {side:<14} {r['tok_s']:>9.1f} tok/s  tokens equal cuda "
                   f"{r['tokens_equal_cuda']}/{r['tokens']}")
-        _print_ratios(q)
+        _print_ratios(rt)
     for mode, row in res.get("training", {}).items():
-        q = ratios(row)
-        res["training"][mode]["ratios"] = q
+        rt = ratios(row)
+        res["training"][mode]["ratios"] = rt
         print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
               f"{a.train_rounds} rounds")
         for side in ("cuda",) + SIDES:
             r = row[side]
             print(f"  {side:<14} {r['step_ms']:>9.1f} ms  losses equal cuda: {r['losses_equal_cuda']}")
-        _print_ratios(q)
+        _print_ratios(rt)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
 
 
-def _print_ratios(q: dict) -> None:
+def _print_ratios(rt: dict) -> None:
     print("  time ratios (median of rounds; < 1: tuned is faster): " + ", ".join(
-        f"{k} {v:.3f}" for k, v in q.items() if isinstance(v, float)))
+        f"{k} {v:.3f}" for k, v in rt.items() if isinstance(v, float)))
     print("  " + ("tuned is at least as fast as the faster of default and all-cuda (within A/A)"
-                  if q["meets_bar"] else "tuned is SLOWER than the faster of default and all-cuda"))
+                  if rt["meets_bar"] else "tuned is SLOWER than the faster of default and all-cuda"))
 
 
 if __name__ == "__main__":

@@ -179,6 +179,14 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
 
 int arch_of(c10::DeviceIndex device) { return cuda::arch(device); }
 
+// Exports the FlagGems function a planner asked for (Outcome::kNeedExport),
+// so that it can plan again; false when that fails.
+bool export_needed(const CallPlan& plan) {
+  if (plan.need_slot) return resolve(*plan.need_slot);
+  if (plan.need_pointwise) return resolve_rank(*plan.need_pointwise, plan.need_rank);
+  return false;
+}
+
 Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex device,
                        const OpDesc& d) {
   if (disk::directory().empty()) return nullptr;
@@ -193,17 +201,23 @@ Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex d
   return k;
 }
 
-Kernel* compile(const Launch& L, const Prepared& prep, c10::DeviceIndex device, const OpDesc& d) {
-  PythonSide* side = python_side();
-  if (!side) return nullptr;
+// What stub-only mode (and the offline check) asks Triton to compile: the
+// planned launch's specialization, warps and stages.
+CompileRequest compile_request(const Launch& L, const Prepared& prep) {
   CompileRequest req;
   req.fn_id = L.fn->id;
   req.specs.assign(prep.specs, prep.specs + L.n);
   req.values.assign(L.args, L.args + L.n);
   req.num_warps = L.num_warps;
   req.num_stages = L.num_stages;
+  return req;
+}
+
+Kernel* compile(const Launch& L, const Prepared& prep, c10::DeviceIndex device, const OpDesc& d) {
+  PythonSide* side = python_side();
+  if (!side) return nullptr;
   std::string error;
-  KernelBinary b = side->compile(req, &error);
+  KernelBinary b = side->compile(compile_request(L, prep), &error);
   if (!error.empty()) {
     warn_once("compile:" + std::string(d.aten),
               "compiling FlagGems' " + L.fn->ref + " for " + d.aten + " failed (" + error +
@@ -480,9 +494,7 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
     if (o == Outcome::kDecline) return "the planner declines these arguments";
     if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
     if (o == Outcome::kNeedExport) {
-      bool ok = plan.need_slot        ? resolve(*plan.need_slot)
-                : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
-                                      : false;
+      const bool ok = export_needed(plan);
       if (!ok) return "a FlagGems function could not be exported";
       continue;
     }
@@ -561,9 +573,7 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
     if (o == Outcome::kDecline) break;
     if (o == Outcome::kNative) return Ran::kNative;
     if (o == Outcome::kNeedExport) {
-      bool ok = plan.need_slot        ? resolve(*plan.need_slot)
-                : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
-                                      : false;
+      const bool ok = export_needed(plan);
       if (!ok) break;
       continue;
     }
@@ -779,9 +789,7 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
     CallPlan plan;
     const Outcome o = d->planner(*d, call, plan);
     if (o == Outcome::kNeedExport) {
-      bool ok = plan.need_slot        ? resolve(*plan.need_slot)
-                : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
-                                      : false;
+      const bool ok = export_needed(plan);
       if (!ok) {
         report.outcome = "export-failed";
         return report;
@@ -857,9 +865,7 @@ std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c1
     CallPlan plan;
     const Outcome o = d->planner(*d, call, plan);
     if (o == Outcome::kNeedExport) {
-      bool ok = plan.need_slot        ? resolve(*plan.need_slot)
-                : plan.need_pointwise ? resolve_rank(*plan.need_pointwise, plan.need_rank)
-                                      : false;
+      const bool ok = export_needed(plan);
       TORCH_CHECK(ok, "flagos: exporting a FlagGems function for ", aten_op, " failed");
       continue;
     }
@@ -869,14 +875,8 @@ std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c1
       const Launch& L = plan.launches[i];
       Prepared prep;
       TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
-      CompileRequest req;
-      req.fn_id = L.fn->id;
-      req.specs.assign(prep.specs, prep.specs + L.n);
-      req.values.assign(L.args, L.args + L.n);
-      req.num_warps = L.num_warps;
-      req.num_stages = L.num_stages;
       std::string error;
-      KernelBinary b = side->compile(req, &error);
+      KernelBinary b = side->compile(compile_request(L, prep), &error);
       TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
       if (!b.entry_sizes.empty()) {
         bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;

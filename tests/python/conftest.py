@@ -5,6 +5,7 @@ imported: the host driver reads it once. Two devices make the multi-device
 tests meaningful; an explicit value in the environment wins.
 """
 
+import contextlib
 import os
 import re
 import subprocess
@@ -153,3 +154,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_host)
         if single and _uses_second_device(item):
             item.add_marker(skip_one)
+
+
+@contextlib.contextmanager
+def python_kernels(kernels: dict):
+    """Installs Python kernels (op name -> callable) for the flaggems backend: test-only
+    overrides (host driver) that verification and tuning must see through."""
+    try:
+        for op, fn in kernels.items():
+            assert torch_fl._C._register_python_kernel(op, fn), op
+        torch_fl.routing.reload()
+        yield
+    finally:
+        torch_fl._C._clear_python_kernels()
+        torch_fl.routing.reload()
+        for op in kernels:
+            torch_fl.routing.set_route(op, "")

@@ -7,7 +7,6 @@ slow correct one. The Qwen3 tests tune a tiny random-weight model end to end.
 GPU tests (marked cuda / flaggems) tune with FlagGems and CUDA available.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -19,27 +18,13 @@ import torch
 import torch_fl
 from torch_fl import _C
 
-from conftest import PyProcess, start_py
+from conftest import python_kernels, PyProcess, start_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKLOAD = os.path.join(ROOT, "examples", "qwen3_workload.py")
 DEV = "flagos"
 
-
-@contextlib.contextmanager
-def python_kernels(kernels: dict):
-    """Installs Python kernels (op name -> callable) for the flaggems backend."""
-    try:
-        for op, fn in kernels.items():
-            assert _C._register_python_kernel(op, fn), op
-        torch_fl.routing.reload()
-        yield
-    finally:
-        _C._clear_python_kernels()
-        torch_fl.routing.reload()
-        for op in kernels:
-            torch_fl.routing.set_route(op, "")
 
 
 @pytest.mark.host_only

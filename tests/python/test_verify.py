@@ -6,30 +6,16 @@ one as a Python kernel of the flaggems provider (the path FlagGems' kernels
 take on the cuda driver), which the default route then sends the operator to.
 """
 
-import contextlib
-
 import pytest
 import torch
 
 import torch_fl
-from torch_fl import _C
+
+from conftest import python_kernels
 
 pytestmark = pytest.mark.host_only  # replaces the Python kernels (FlagGems' on the cuda driver)
 
 DEV = "flagos"
-
-
-@contextlib.contextmanager
-def python_kernel(kernels: dict):
-    """Installs Python kernels (op name -> callable) for the flaggems backend."""
-    try:
-        for op, fn in kernels.items():
-            assert _C._register_python_kernel(op, fn), op
-        torch_fl.routing.reload()
-        yield
-    finally:
-        _C._clear_python_kernels()
-        torch_fl.routing.reload()
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +32,7 @@ def wrong_tanh(x):
 
 def test_wrong_kernel_is_flagged_and_named():
     x = torch.randn(4, 8, device=DEV)
-    with python_kernel({"tanh": wrong_tanh}), torch_fl.verify.verifying("1"):
+    with python_kernels({"tanh": wrong_tanh}), torch_fl.verify.verifying("1"):
         y = torch.tanh(x)
         z = torch.tanh(x[:, :3])  # a second, strided signature
     # The workload's own result is the routed kernel's, wrong as it is.
@@ -71,7 +57,7 @@ def test_wrong_kernel_is_flagged_and_named():
 
 def test_error_mode_raises_naming_operator_backend_and_error():
     x = torch.randn(16, device=DEV)
-    with python_kernel({"tanh": wrong_tanh}), torch_fl.verify.verifying("error"):
+    with python_kernels({"tanh": wrong_tanh}), torch_fl.verify.verifying("error"):
         torch.sigmoid(x)  # correct: no error
         with pytest.raises(RuntimeError) as info:
             torch.tanh(x)
@@ -86,7 +72,7 @@ def test_written_argument_of_a_wrong_inplace_kernel_is_flagged():
 
     a = torch.randn(8, device=DEV)
     b = torch.randn(8, device=DEV)
-    with python_kernel({"mul_.Tensor": wrong_mul_}), torch_fl.verify.verifying("1"):
+    with python_kernels({"mul_.Tensor": wrong_mul_}), torch_fl.verify.verifying("1"):
         a.mul_(b)
     (r,) = torch_fl.verify.diverging()
     assert (r.op, r.backend) == ("aten::mul_.Tensor", "flaggems")
@@ -149,7 +135,7 @@ def test_tolerance_per_dtype_and_override():
 
     x = torch.randn(64, device=DEV)
     try:
-        with python_kernel({"tanh": off_by_a_little}), torch_fl.verify.verifying("1"):
+        with python_kernels({"tanh": off_by_a_little}), torch_fl.verify.verifying("1"):
             torch.tanh(x)
             assert [r.op for r in torch_fl.verify.diverging()] == ["aten::tanh"]
             torch_fl.verify.reset()
