@@ -212,7 +212,11 @@ def test_cli_errors(tmp_path, capsys):
     assert rc == 2 and "--out" in err and "cannot be written" in err
     rc, err = tune([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert rc == 3 and "exited with status 3; no config written" in err
-    rc, err = tune([sys.executable, "-c", "import torch_fl"])
+    # A script, not -c: -c would put the working directory (a checkout whose
+    # torch_fl/ has no built _C in CI) ahead of the installed package.
+    idle = tmp_path / "idle.py"
+    idle.write_text("import torch_fl\n")
+    rc, err = tune([sys.executable, str(idle)])
     assert rc == 1 and "made no routed call" in err
     rc, err = tune([os.path.join(str(tmp_path), "no-such-program")])
     assert rc == 2 and "cannot run" in err
