@@ -21,7 +21,6 @@ against itself.
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -30,6 +29,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, HERE)
+from qwen3 import run_meta  # noqa: E402  (bench/qwen3.py)
 
 
 def decode_step_fn(model, cache, device, batch):
@@ -84,11 +85,10 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     a = p.parse_args(argv)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("skipped: no GPU (torch.cuda.is_available() is False)")
+    meta = run_meta(a)
+    if meta is None:
         return 0
+    import torch
     import torch_fl
 
     if torch_fl.driver() != "cuda":
@@ -98,9 +98,7 @@ def main(argv=None) -> int:
     routes = {"flagos all-cuda": "cuda", "flagos": ""}
     if "flaggems" in a.skip or not torch_fl.is_flaggems_enabled():
         routes.pop("flagos")
-    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                    "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                    "args": vars(a), "flaggems": torch_fl.is_flaggems_enabled()}}
+    res = {"meta": {**meta, "flaggems": torch_fl.is_flaggems_enabled()}}
     med = statistics.median
 
     def compare(times):

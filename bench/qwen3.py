@@ -226,6 +226,19 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
+    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
+    p.add_argument("--json")
+
+
+def run_meta(a) -> dict | None:
+    """The run's record (date, arguments, GPU, torch), or None, said, without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipped: no GPU (torch.cuda.is_available() is False)")
+        return None
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "args": vars(a),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
 def main(argv=None) -> int:
@@ -233,24 +246,17 @@ def main(argv=None) -> int:
     add_workload_args(p)
     p.add_argument("--configs", nargs="+", choices=CONFIGS[1:], default=list(DEFAULT_CONFIGS),
                    help="flagos configurations to compare with cuda (default: %(default)s)")
-    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
-    p.add_argument("--json")
     p.add_argument("--train-child", choices=CONFIGS, dest="config", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.config:
         return train_child(a)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("skipped: no GPU (torch.cuda.is_available() is False)")
+    meta = run_meta(a)
+    if meta is None:
         return 0
     t0 = time.monotonic()
-    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                    "args": vars(a), "gpu": torch.cuda.get_device_name(0),
-                    "torch": torch.__version__}}
-    print(f"Qwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}",
-          flush=True)
+    res = {"meta": meta}
+    print(f"Qwen3 {a.size} (random weights), {meta['gpu']}, torch {meta['torch']}", flush=True)
 
     def save():  # after each part, so a run cut short keeps what it measured
         if a.json:

@@ -27,7 +27,6 @@ Without a GPU it prints "skipped: ..." and exits with status 0.
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -199,27 +198,21 @@ def main(argv=None) -> int:
     p.add_argument("--verify", action="store_true", help="tune with --verify")
     p.add_argument("--tuned-infer", help="use this config for inference instead of tuning")
     p.add_argument("--tuned-train", help="use this config for training instead of tuning")
-    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
     p.add_argument("--outdir", default=None,
                    help="where the tuned configs, data, reports and plots go (default: a new "
                         "directory under /tmp)")
-    p.add_argument("--json")
     p.add_argument("--infer-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.infer_child:
         return infer_child(a)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("skipped: no GPU (torch.cuda.is_available() is False)")
+    meta = q.run_meta(a)
+    if meta is None:
         return 0
     t0 = time.monotonic()
     outdir = os.path.abspath(a.outdir or f"/tmp/tuned-qwen3-{os.getpid()}")
     os.makedirs(outdir, exist_ok=True)
-    res = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "args": vars(a),
-                    "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                    "outdir": outdir}, "tune": {}}
+    res = {"meta": {**meta, "outdir": outdir}, "tune": {}}
     shape = ["--size", a.size]
     if "inference" not in a.skip:
         conf = a.tuned_infer
@@ -241,31 +234,29 @@ def main(argv=None) -> int:
         res["training"] = training(a, os.path.abspath(conf))
         res["training_config"] = open(conf).read()
 
-    print(f"\nQwen3 {a.size} (random weights), {res['meta']['gpu']}, torch {torch.__version__}, "
+    print(f"\nQwen3 {a.size} (random weights), {meta['gpu']}, torch {meta['torch']}, "
           f"{time.monotonic() - t0:.0f} s; tuned configs, data, reports, plots: {outdir}")
     for key, row in res.get("inference", {}).items():
-        rt = ratios(row)
-        res["inference"][key]["ratios"] = rt
-        print(f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, bf16, "
-              f"{a.rounds} rounds")
-        for side in ("cuda",) + SIDES:
-            r = row[side]
-            print(f"  {side:<14} {r['tok_s']:>9.1f} tok/s  tokens equal cuda "
-                  f"{r['tokens_equal_cuda']}/{r['tokens']}")
-        _print_ratios(rt)
+        _report(row, f"HF generate(), {key}, prompt {a.prompt_len}, {a.new_tokens} new tokens, "
+                f"bf16, {a.rounds} rounds", lambda r: f"{r['tok_s']:>9.1f} tok/s  tokens equal cuda "
+                f"{r['tokens_equal_cuda']}/{r['tokens']}")
     for mode, row in res.get("training", {}).items():
-        rt = ratios(row)
-        res["training"][mode]["ratios"] = rt
-        print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
-              f"{a.train_rounds} rounds")
-        for side in ("cuda",) + SIDES:
-            r = row[side]
-            print(f"  {side:<14} {r['step_ms']:>9.1f} ms  losses equal cuda: {r['losses_equal_cuda']}")
-        _print_ratios(rt)
+        _report(row, f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
+                f"{a.train_rounds} rounds", lambda r: f"{r['step_ms']:>9.1f} ms  losses equal cuda: "
+                f"{r['losses_equal_cuda']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def _report(row: dict, title: str, line) -> None:
+    """Prints one table (a side per line) and its time ratios; stores them in `row`."""
+    rt = row["ratios"] = ratios(row)
+    print(title)
+    for side in ("cuda",) + SIDES:
+        print(f"  {side:<14} {line(row[side])}")
+    _print_ratios(rt)
 
 
 def _print_ratios(rt: dict) -> None:
