@@ -14,16 +14,7 @@
 
 namespace torch_fl::aten {
 
-namespace detail {
-[[gnu::visibility("hidden")]] std::atomic<uint32_t> g_observers{0};
-}
-
 namespace {
-
-std::mutex& observers_mu() {
-  static auto* mu = new std::mutex();
-  return *mu;
-}
 
 // Calls an observer makes on this thread are not observed again.
 thread_local int t_observing = 0;
@@ -47,24 +38,18 @@ Profile& profile() {
 }  // namespace
 
 void set_observer(ObserverBit bit, bool on) {
-  std::lock_guard<std::mutex> lock(observers_mu());
-  const uint32_t before = detail::g_observers.load();
-  const uint32_t after = on ? (before | bit) : (before & ~static_cast<uint32_t>(bit));
-  if (before == after) return;
-  // Unboxed routes defer to the boxed kernel before the first observer sees
-  // calls, and serve calls again only after the last one is off.
-  if (before == 0) routing::add_boxed_only_reason();
-  detail::g_observers.store(after);
-  if (after == 0) routing::remove_boxed_only_reason();
+  // One word: unboxed routes defer to the boxed kernel in the same store that
+  // turns the observer on, and serve calls again when the last one is off.
+  routing::set_every_call_bits(bit, on);
 }
 
 bool observer_on(ObserverBit bit) noexcept {
-  return (detail::g_observers.load(std::memory_order_relaxed) & bit) != 0;
+  return (routing::detail::g_every_call.load(std::memory_order_relaxed) & bit) != 0;
 }
 
 Served observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::Backend backend,
                     torch::jit::Stack* stack, const void* flaggems_desc) {
-  const uint32_t on = detail::g_observers.load(std::memory_order_relaxed);
+  const uint32_t on = routing::detail::g_every_call.load(std::memory_order_relaxed) & kObserverBits;
   if (t_observing > 0 || on == 0) {
     return run_provider(op, plan, backend, stack, -1, flaggems_desc);
   }

@@ -24,24 +24,21 @@
 
 #include "aten/fallback.h"
 #include "aten/op_plan.h"
+#include "routing/table.h"
 
 namespace torch_fl::aten {
 
+// Bits of routing's every-call word (routing/table.h), beside its log bit.
 enum ObserverBit : uint32_t {
-  kObserveVerify = 1u << 0,
-  kObserveTune = 1u << 1,
-  kObserveProfile = 1u << 2,
+  kObserveVerify = 1u << 1,
+  kObserveTune = 1u << 2,
+  kObserveProfile = 1u << 3,
 };
+inline constexpr uint32_t kObserverBits = kObserveVerify | kObserveTune | kObserveProfile;
 
-namespace detail {
-// Hidden: read with one PC-relative load on the hot path, never from outside
-// libtorch_fl.
-[[gnu::visibility("hidden")]] extern std::atomic<uint32_t> g_observers;
-}
-
-// Hot path: whether any observer is on.
+// Hot path: whether any observer is on (one load of a hidden word).
 inline bool observing() noexcept {
-  return detail::g_observers.load(std::memory_order_relaxed) != 0;
+  return (routing::detail::g_every_call.load(std::memory_order_relaxed) & kObserverBits) != 0;
 }
 
 // Turns an observer on or off (idempotent).

@@ -46,10 +46,6 @@ State& state() {
   return *s;
 }
 
-std::atomic<uint32_t> g_epoch{1};
-std::atomic<bool> g_log{false};
-// Observers that need every call on the boxed path; the log counts as one.
-std::atomic<uint32_t> g_boxed_only{0};
 std::atomic<FallbackPolicy> g_policy{FallbackPolicy::kWarn};
 
 // ---- names known to the dispatcher ---------------------------------------
@@ -289,11 +285,14 @@ const Route* find_route(const State& s, const std::string& plan_name) {
 
 }  // namespace
 
-uint32_t epoch() noexcept { return g_epoch.load(std::memory_order_relaxed); }
-bool log_enabled() noexcept { return g_log.load(std::memory_order_relaxed); }
-bool boxed_only() noexcept { return g_boxed_only.load(std::memory_order_relaxed) != 0; }
-void add_boxed_only_reason() { g_boxed_only.fetch_add(1); }
-void remove_boxed_only_reason() { g_boxed_only.fetch_sub(1); }
+namespace detail {
+std::atomic<uint32_t> g_epoch{1};
+std::atomic<uint32_t> g_every_call{0};
+}  // namespace detail
+
+uint32_t set_every_call_bits(uint32_t bits, bool on) noexcept {
+  return on ? detail::g_every_call.fetch_or(bits) : detail::g_every_call.fetch_and(~bits);
+}
 FallbackPolicy fallback_policy() noexcept {
   return g_policy.load(std::memory_order_relaxed);
 }
@@ -440,17 +439,15 @@ std::vector<std::string> load(const std::string& default_path) {
   }
   g_policy.store(policy);
   aten::set_env_verify_mode(verify);
-  if (g_log.exchange(log) != log) {
-    if (log) add_boxed_only_reason(); else remove_boxed_only_reason();
-  }
-  g_epoch.fetch_add(1);
+  set_every_call_bits(kLogBit, log);
+  detail::g_epoch.fetch_add(1);
   return problems;
 }
 
 void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  uint32_t now = g_epoch.load();
+  uint32_t now = detail::g_epoch.load();
   if (plan.route_epoch.load() == now) return;  // another thread did it
 
   const Route* route = find_route(s, plan.name);
@@ -503,7 +500,7 @@ void set_route(const std::string& op_text, const std::string& chain_text_in) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.api[op] = Route{*chain, "api"};
   }
-  g_epoch.fetch_add(1);
+  detail::g_epoch.fetch_add(1);
 }
 
 std::vector<Row> table() {

@@ -13,6 +13,8 @@
 // the op; when none does, the op runs on the CPU as a counted fallback that
 // FLAGOS_CPU_FALLBACK=warn|allow|error governs.
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,8 +36,19 @@ std::vector<std::string> load(const std::string& default_path);
 // Checks a config file alone, as `python -m torch_fl check-config` does.
 std::vector<std::string> check_file(const std::string& path);
 
+namespace detail {
+// Read on the hot path with one PC-relative load each (hidden: never from
+// outside libtorch_fl, so no PLT call and no interposition).
+[[gnu::visibility("hidden")]] extern std::atomic<uint32_t> g_epoch;
+// What needs every call on the boxed routing kernel: kLogBit (the dispatch
+// log) and the call observers' bits (aten/call_observer.h).
+[[gnu::visibility("hidden")]] extern std::atomic<uint32_t> g_every_call;
+}  // namespace detail
+
+inline constexpr uint32_t kLogBit = 1u << 0;
+
 // The global routing epoch; a plan whose route_epoch differs re-resolves.
-uint32_t epoch() noexcept;
+inline uint32_t epoch() noexcept { return detail::g_epoch.load(std::memory_order_relaxed); }
 
 // Slow path: decides the route of `plan` and stores it (thread-safe).
 void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan);
@@ -76,13 +89,16 @@ std::vector<Backend> available_backends();
 bool serves(Backend b, const c10::OperatorHandle& op);
 
 // Dispatch-log and fallback-policy state, read on the hot path.
-bool log_enabled() noexcept;
+inline bool log_enabled() noexcept {
+  return (detail::g_every_call.load(std::memory_order_relaxed) & kLogBit) != 0;
+}
 // True while every call must take the boxed routing kernel, where the
 // dispatch log and call observers see it; unboxed routes then defer to it.
-bool boxed_only() noexcept;
-// Call observers (verification, recording) hold this while they are active.
-void add_boxed_only_reason();
-void remove_boxed_only_reason();
+inline bool boxed_only() noexcept {
+  return detail::g_every_call.load(std::memory_order_relaxed) != 0;
+}
+// Sets or clears `bits` of the word above; returns the word before.
+uint32_t set_every_call_bits(uint32_t bits, bool on) noexcept;
 void log_dispatch(const aten::OpPlan& plan, Backend backend);
 enum class FallbackPolicy : uint8_t { kWarn, kAllow, kError };
 FallbackPolicy fallback_policy() noexcept;
