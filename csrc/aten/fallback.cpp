@@ -196,8 +196,7 @@ void register_direct_routes() {
       auto op = dispatcher.findOp(name);
       if (!op || !op->hasSchema()) continue;
       using K = c10::DispatchKey;
-      std::string full = name.name.substr(6);
-      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      const std::string full = op_key(name);
       bool composite = op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
                        op->hasKernelForDispatchKey(K::CompositeExplicitAutograd);
       bool native = op->hasKernelForDispatchKey(K::CPU) || op->hasKernelForDispatchKey(K::CUDA);

@@ -66,6 +66,12 @@ Registry& registry() {
 
 }  // namespace
 
+std::string op_key(const c10::OperatorName& name) {
+  std::string key = name.name.rfind("aten::", 0) == 0 ? name.name.substr(6) : name.name;
+  if (!name.overload_name.empty()) key += "." + name.overload_name;
+  return key;
+}
+
 OpPlan& plan_for(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
   thread_local ska::flat_hash_map<const void*, OpPlan*> cache;

@@ -61,6 +61,10 @@ struct OpPlan {
   std::atomic<uint64_t> flaggems_cpp_calls{0};
 };
 
+// The operator's name as routing, configs and registrations write it:
+// "add.Tensor", "mm", "ns::op.overload" (the "aten::" prefix dropped).
+std::string op_key(const c10::OperatorName& name);
+
 // The plan of `op`, built on first use. Thread-safe; lock-free after the first
 // call from a thread.
 OpPlan& plan_for(const c10::OperatorHandle& op);

@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "aten/op_plan.h"
+
 namespace torch_fl::aten {
 namespace {
 
@@ -19,13 +21,6 @@ struct Table {
 Table& table() {
   static auto* t = new Table();  // leaked: read by kernels until exit
   return *t;
-}
-
-std::string key_of(const c10::OperatorName& name) {
-  std::string key = name.name;
-  if (key.rfind("aten::", 0) == 0) key = key.substr(6);
-  if (!name.overload_name.empty()) key += "." + name.overload_name;
-  return key;
 }
 
 }  // namespace
@@ -61,7 +56,7 @@ std::vector<std::string> python_kernel_ops() {
 std::optional<int64_t> python_kernel_for(const c10::OperatorHandle& op) {
   auto& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.kernels.find(key_of(op.operator_name()));
+  auto it = t.kernels.find(op_key(op.operator_name()));
   if (it == t.kernels.end()) return std::nullopt;
   return it->second;
 }

@@ -124,13 +124,6 @@ namespace {
   X(_foreach_lerp__Scalar) X(_foreach_addcmul__Scalar) X(_foreach_addcdiv__ScalarList)  \
   X(_foreach_sqrt) X(_foreach_sqrt_) X(_foreach_norm_Scalar)
 
-std::string impl_name(const char* name, const char* overload) {
-  std::string n = name;
-  if (n.rfind("aten::", 0) == 0) n = n.substr(6);
-  if (overload[0] != '\0') n += std::string(".") + overload;
-  return n;
-}
-
 }  // namespace
 
 void register_unboxed_routes() {
@@ -146,7 +139,7 @@ void register_unboxed_routes() {
     auto handle = dispatcher.findSchema({Op::name, Op::overload_name});                  \
     if (handle && handle->hasKernelForDispatchKey(native_key) &&                          \
         !handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {               \
-      lib->impl(impl_name(Op::name, Op::overload_name).c_str(),                          \
+      lib->impl(op_key({Op::name, Op::overload_name}).c_str(),                           \
                 TORCH_FN(unboxed::UnboxedRoute<Op>::call));                              \
     }                                                                                    \
   }

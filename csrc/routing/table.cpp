@@ -67,7 +67,7 @@ OpNames collect_op_names() {
   OpNames out;
   for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) {
     std::string base = short_name(n);
-    std::string full = n.overload_name.empty() ? base : base + "." + n.overload_name;
+    std::string full = aten::op_key(n);
     out.full.insert(full);
     if (out.base.insert(base).second) out.all.push_back(base);
     if (full != base) out.all.push_back(full);
