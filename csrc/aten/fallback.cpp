@@ -50,6 +50,8 @@ using routing::Backend;
 Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const void* desc,
                     torch::jit::Stack* stack, int64_t python_kernel) {
   bool native = false;  // FlagGems fails on these arguments (flaggems::Ran::kNative)
+  const int64_t kernel =
+      python_kernel >= 0 ? python_kernel : plan.python_kernel.load(std::memory_order_relaxed);
   if (desc != nullptr && flaggems::cpp_enabled()) {
     const flaggems::Ran ran = flaggems::run(op, plan, *static_cast<const flaggems::OpDesc*>(desc),
                                             python_kernel, stack);
@@ -58,11 +60,11 @@ Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const voi
     }
     native = ran == flaggems::Ran::kNative;
   }
-  if (native || (python_kernel < 0 && plan.python_kernel.load(std::memory_order_relaxed) < 0)) {
+  if (native || kernel < 0) {
     run_native(op, plan, stack);
     return {Backend::kNative, false};
   }
-  run_python(op, plan, stack, python_kernel);
+  run_python(op, plan, stack, kernel);
   return {Backend::kFlagGems, false};
 }
 
@@ -139,12 +141,10 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return declines(plan, stack);
 }
 
-// Hot path: a cached plan lookup, two relaxed atomic loads to check the
-// route, a counter, and the provider call. No strings, locks or allocation
+// Hot path: the route check (two relaxed loads), a counter, one load of the
+// every-call word, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
-void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
-                     torch::jit::Stack* stack) {
-  OpPlan& plan = plan_for(op);
+void route_planned(const c10::OperatorHandle& op, OpPlan& plan, torch::jit::Stack* stack) {
   if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
     routing::resolve(op, plan);
   }
@@ -169,6 +169,11 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
                             ? observe_call(op, plan, backend, stack, desc)
                             : run_on(op, plan, backend, stack, -1, desc);
   if (backend == Backend::kFlagGems) count_call(plan, served);
+}
+
+void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                          torch::jit::Stack* stack) {
+  route_planned(op, plan_for(op), stack);
 }
 
 Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,

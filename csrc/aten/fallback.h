@@ -17,6 +17,8 @@ void register_direct_routes();
 // calls they do not serve themselves.
 void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                           torch::jit::Stack* stack);
+// Its body, for a caller that holds the operator's plan (plan_for(op)).
+void route_planned(const c10::OperatorHandle& op, OpPlan& plan, torch::jit::Stack* stack);
 
 // Registers the unboxed routes (unboxed_routes.cpp) for the operators the
 // active driver's native device has kernels for. Called once, with the

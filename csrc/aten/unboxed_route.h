@@ -177,7 +177,26 @@ inline bool serves_unboxed(const OpPlan& plan) noexcept {
          plan.native_route.load(std::memory_order_relaxed) && !routing::boxed_only();
 }
 
-const c10::OperatorHandle& find_operator(const char* name, const char* overload);
+// The boxed routing kernel for one operator whose plan is known: a call the
+// unboxed route hands over skips the plan lookup.
+struct PlannedRoute final : c10::OperatorKernel {
+  explicit PlannedRoute(OpPlan& p) : plan(p) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    route_planned(op, plan, stack);
+  }
+  OpPlan& plan;
+};
+
+// What an unboxed route looks up once: its operator, plan and boxed fallback.
+struct RouteState {
+  explicit RouteState(const char* name, const char* overload)
+      : op(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)),
+        plan(plan_for(op)),
+        boxed(c10::BoxedKernel::makeFromFunctor(std::make_unique<PlannedRoute>(plan))) {}
+  const c10::OperatorHandle op;
+  OpPlan& plan;
+  const c10::BoxedKernel boxed;
+};
 
 template <class Op, class Schema = typename Op::schema>
 struct UnboxedRoute;
@@ -185,12 +204,12 @@ struct UnboxedRoute;
 template <class Op, class Ret, class... Args>
 struct UnboxedRoute<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet keys, Args... args) {
-    static const c10::OperatorHandle& op = find_operator(Op::name, Op::overload_name);
-    static OpPlan& plan = plan_for(op);
+    static const RouteState state(Op::name, Op::overload_name);  // leaked with the process
+    const c10::OperatorHandle& op = state.op;
+    OpPlan& plan = state.plan;
     if (!serves_unboxed(plan)) {
-      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
-          c10::BoxedKernel::makeFromFunction<&boxed_routing_kernel>(), op, keys,
-          std::forward<Args>(args)...);
+      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(state.boxed, op, keys,
+                                                                std::forward<Args>(args)...);
     }
     plan.calls[static_cast<int>(plan.backend.load(std::memory_order_relaxed))].fetch_add(
         1, std::memory_order_relaxed);

@@ -86,18 +86,6 @@
 #include "runtime/device.h"
 
 namespace torch_fl::aten {
-namespace unboxed {
-
-const c10::OperatorHandle& find_operator(const char* name, const char* overload) {
-  // OperatorHandles are stable for the process; the caller keeps a static.
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
-  return *new c10::OperatorHandle(op);  // leaked: referenced until exit
-}
-
-}  // namespace unboxed
-
 namespace {
 
 #define FLAGOS_UNBOXED_ROUTES(X)                                                        \
