@@ -165,12 +165,7 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
       TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
                             "grown storage was not allocated by flagos");
       grown.unsafe_set_device(flagos->device());
-      if (typeid(*fs) == typeid(FlagosStorage)) {
-        static_cast<FlagosStorage*>(fs)->set_memory(std::move(grown), nbytes);
-      } else {
-        fs->set_data_ptr_noswap(std::move(grown));
-        fs->set_nbytes(nbytes);
-      }
+      runtime::replace_memory(*fs, std::move(grown), nbytes);
       p.original_data = fs->data_ptr().get();
     }
     break;

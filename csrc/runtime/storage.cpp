@@ -97,10 +97,14 @@ void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
                   hal::CopyKind::kDeviceToDevice, current_stream_handle(device),
                   /*async=*/false);
   }
+  replace_memory(storage, std::move(fresh), nbytes);
+}
+
+void replace_memory(c10::StorageImpl& storage, c10::DataPtr data_ptr, size_t nbytes) {
   if (typeid(storage) == typeid(FlagosStorage)) {
-    static_cast<FlagosStorage&>(storage).set_memory(std::move(fresh), nbytes);
+    static_cast<FlagosStorage&>(storage).set_memory(std::move(data_ptr), nbytes);
   } else {
-    storage.set_data_ptr_noswap(std::move(fresh));
+    storage.set_data_ptr_noswap(std::move(data_ptr));
     storage.set_nbytes(nbytes);
   }
 }

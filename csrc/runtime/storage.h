@@ -74,6 +74,10 @@ c10::intrusive_ptr<c10::StorageImpl> make_native_twin(const c10::StorageImpl& st
 // min(old, new) bytes: what resize_ and UntypedStorage.resize_ need.
 void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes);
 
+// Gives `storage` new memory of `nbytes`: through FlagosStorage::set_memory
+// (its twin follows) where it is one, else directly.
+void replace_memory(c10::StorageImpl& storage, c10::DataPtr data_ptr, size_t nbytes);
+
 // Whether `storage` can serve as a twin as it is (native allocator, resizable).
 bool usable_as_twin(const c10::StorageImpl& storage) noexcept;
 
