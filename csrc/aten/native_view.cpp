@@ -113,40 +113,39 @@ at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {
 at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (!flagos.defined()) return flagos;
   c10::StorageImpl* fs = flagos.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  c10::StorageImpl* native = nullptr;
+  StoragePair* pair = nullptr;
   for (auto& p : storages_) {
     if (p.flagos == fs) {
-      native = p.native;
+      pair = &p;
       break;
     }
   }
-  if (native == nullptr) {
+  if (pair == nullptr) {
     // The storage's twin when it has a valid one (every storage flagos made),
     // else a native storage for this call alone.
-    c10::StorageImpl* twin = FlagosStorage::twin_of(fs);
-    if (twin != nullptr) {
-      if (cache_ != nullptr) {
-        if (const at::Tensor* cached = cache_->find(flagos.unsafeGetTensorImpl(), twin)) {
-          storages_.push_back({fs, twin, {}, fs->data_ptr().get()});
-          tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
-          return *cached;
-        }
-      }
+    if (c10::StorageImpl* twin = FlagosStorage::twin_of(fs)) {
       storages_.push_back({fs, twin, {}, fs->data_ptr().get()});
     } else {
       c10::Storage owned(runtime::make_native_twin(*fs));
       c10::StorageImpl* raw = owned.unsafeGetStorageImpl();
       storages_.push_back({fs, raw, std::move(owned), fs->data_ptr().get()});
     }
-    native = storages_.back().native;
+    pair = &storages_.back();
+  }
+  // Views of twins outlive the call in the thread's cache, keyed by the flagos
+  // tensor; a storage made for this call alone is not cached.
+  const bool cacheable = cache_ != nullptr && !pair->owned;
+  if (cacheable) {
+    if (const at::Tensor* cached = cache_->find(flagos.unsafeGetTensorImpl(), pair->native)) {
+      tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
+      return *cached;
+    }
   }
   at::Tensor view = tensor_on(
-      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(native)), native_key(),
+      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(pair->native)), native_key(),
       flagos);
   tensors_.push_back({view, flagos.unsafeGetTensorImpl()});
-  if (cache_ != nullptr && FlagosStorage::twin_of(fs) == native) {
-    cache_->put(flagos.unsafeGetTensorImpl(), view);
-  }
+  if (cacheable) cache_->put(flagos.unsafeGetTensorImpl(), view);
   return view;
 }
 
