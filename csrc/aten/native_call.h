@@ -74,8 +74,6 @@ class NativeCall {
   // default when none is given).
   at::Generator generator(const std::optional<at::Generator>& gen) const;
 
-  c10::DeviceIndex device() const noexcept { return device_; }
-
   template <class Kernel>
   decltype(auto) run(Kernel&& kernel) {
     // Switching devices only when needed: the guard's exchange-and-restore

@@ -1,13 +1,9 @@
 #include "aten/native_provider.h"
 
-#include <c10/core/DeviceGuard.h>
-
 #include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "aten/python_provider.h"
 #include "runtime/device.h"
-#include "runtime/generator.h"
-#include "runtime/native_allocation.h"
 
 namespace torch_fl::aten {
 namespace {

@@ -8,7 +8,6 @@
 #include <set>
 #include <vector>
 
-#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 

@@ -15,7 +15,6 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
-#include <c10/core/StorageImpl.h>
 
 namespace torch_fl::runtime {
 
