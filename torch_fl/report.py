@@ -21,8 +21,10 @@ import os
 from . import _rundata
 
 TOP = 20  # operators in the plot
-COLORS = {"flaggems": "#e67e22", "cuda": "#27ae60", "cpu": "#2e86c1", "native": "#7f8c8d",
-          "metax": "#8e44ad", "ascend": "#c0392b", "cpu fallback": "#e74c3c"}
+# Every key routing.stats() and the profile may use, or the plot leaves those calls out.
+COLORS = {"flaggems": "#e67e22", "flaggems-python": "#f5b041", "cuda": "#27ae60",
+          "cpu": "#2e86c1", "native": "#7f8c8d", "metax": "#8e44ad", "ascend": "#c0392b",
+          "cpu fallback": "#e74c3c"}
 
 
 def _matplotlib():

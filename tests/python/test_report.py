@@ -100,3 +100,9 @@ def test_report_errors(tmp_path, start_py, capsys):
     rc, out, err = bad_env.result()
     assert rc != 0 and "FLAGOS_REPORT=" in err and "cannot be written" in err
     assert not os.path.exists(tmp_path / "r.html")
+
+
+def test_plot_has_a_colour_for_both_flaggems_call_keys():
+    # The calls plot draws only the backends in COLORS: calls under a key
+    # without a colour would count in the totals but never be drawn.
+    assert set(torch_fl.routing.FLAGGEMS_KEYS) <= set(torch_fl.report.COLORS)
