@@ -109,8 +109,17 @@ def merge(parts: list) -> dict:
             for r in p[key] if key != "verify" else p["verify"]["records"]:
                 k = tuple(r[f] for f in fields)
                 if k not in rows:
-                    rows[k] = dict(r)
+                    # Copies the nested dicts too: the sums must not change the parts.
+                    rows[k] = {f: dict(v) if isinstance(v, dict) else v for f, v in r.items()}
                 else:
+                    kept = rows[k]
+                    # Verification: the first failure (and skip reason) of whichever
+                    # part had one, not the empty text of a part that had none.
+                    if key == "verify" and not kept["failed"] and r["failed"]:
+                        kept["first_failure_call"] = r["first_failure_call"]
+                        kept["first_failure"] = r["first_failure"]
+                    if key == "verify" and not kept["skip_reason"] and r["skip_reason"]:
+                        kept["skip_reason"] = r["skip_reason"]
                     for n in numbers:
                         if isinstance(r[n], dict):
                             for b, c in r[n].items():
