@@ -46,8 +46,7 @@ def snapshot(kind: str) -> dict:
         "config": routing.config_path(),
         "env_routes": {k: v for k, v in os.environ.items() if k.startswith("FLAGOS_OP_")},
         "table": [r._asdict() for r in routing.table()],
-        "stats": [{"op": s.op, "calls": dict(s.calls), "cpu_fallbacks": int(s.cpu_fallbacks)}
-                  for s in routing.stats()],
+        "stats": [s._asdict() for s in routing.stats()],
         "profile": list(_C._profile_records()),
         "verify": {"mode": verify.mode(), "records": [r._asdict() for r in verify.records()]},
         "signatures": list(_C._tune_records()),
