@@ -8,6 +8,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include "aten/native_view.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/storage.h"
 #include "runtime/stream.h"
@@ -248,6 +249,42 @@ void drop_rng_state(const c10::OperatorHandle& op, std::vector<c10::IValue>& out
       v = c10::IValue();
     }
   }
+}
+
+std::string error_text(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string rerun_skip_reason(const c10::OperatorHandle& op, const OpPlan& plan,
+                              const c10::IValue* args) {
+  if (plan.name.rfind("aten::", 0) != 0) {
+    return "not an aten operator: never run twice (it may be a collective)";
+  }
+  if (is_random(op, plan, args)) {
+    return "random operator: a second run would move the workload's random stream";
+  }
+  if (runtime::uses_cuda() && runtime::cuda::capturing()) {
+    return "called during CUDA graph capture (nothing may wait for the device)";
+  }
+  return "";
+}
+
+std::vector<std::string> output_labels(const OpPlan& plan,
+                                       const std::vector<std::string>& written) {
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < plan.num_returns; ++i) labels.push_back("result " + std::to_string(i));
+  labels.insert(labels.end(), written.begin(), written.end());
+  return labels;
+}
+
+std::vector<c10::IValue> call_outputs(const c10::OperatorHandle& op, const OpPlan& plan,
+                                      const torch::jit::Stack& stack,
+                                      const std::vector<at::Tensor>& written) {
+  std::vector<c10::IValue> out(stack.end() - plan.num_returns, stack.end());
+  for (const at::Tensor& t : written) out.emplace_back(t);
+  drop_rng_state(op, out);
+  return out;
 }
 
 }  // namespace torch_fl::aten
