@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -42,10 +43,10 @@ void for_each_tensor(const OpPlan& plan, const c10::IValue* args, F&& f) {
 // The bytes [first, end) of its storage a tensor can reach; {0, 0} if none.
 std::pair<int64_t, int64_t> extent(const at::Tensor& t) {
   if (t.numel() == 0) return {0, 0};
-  const int64_t item = static_cast<int64_t>(t.dtype().itemsize());
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return {t.storage_offset() * item, (last + 1) * item};
+  const size_t item = t.dtype().itemsize();
+  const size_t end = at::detail::computeStorageNbytes(t.sizes(), t.strides(), item,
+                                                      t.storage_offset());
+  return {t.storage_offset() * static_cast<int64_t>(item), static_cast<int64_t>(end)};
 }
 
 // The tensors of one storage: the copy covers the bytes they reach, from a
