@@ -187,7 +187,7 @@ std::vector<SignatureRecord> tune_records() {
 }
 
 std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPlan& plan,
-                                      Backend backend, const c10::IValue* args) {
+                                      const c10::IValue* args) {
   std::string signature = call_signature(plan, args);
   std::string key = plan.name + '\n' + signature;
   auto& s = state();
@@ -208,9 +208,7 @@ std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPla
     rec.calls = 1;
     rec.route = routing::backend_name(plan.backend.load(std::memory_order_relaxed));
     if (plan.cpu_fallback.load(std::memory_order_relaxed)) rec.route = "cpu fallback";
-    rec.routed = routing::backend_name(backend);
     rec.reference = reference_backend_name();
-    rec.input_bytes = argument_bytes(plan, args);
     rec.skipped = rerun_skip_reason(op, plan, args);
     if (rec.skipped.empty() && plan.cpu_fallback.load(std::memory_order_relaxed)) {
       rec.skipped = "CPU fallback: no backend of this driver serves it";
