@@ -388,7 +388,7 @@ def _start_from_env() -> None:
 
     def finish():
         data = tuner.stop()
-        if data["verify"]["mode"] != "0":
+        if data["verify"]["mode"] != "0" and not tuner.verify:  # stop() did it then
             _reject_diverging(data)
         _rundata.save(data, os.path.join(directory, f"tune-{os.getpid()}.json"))
 
