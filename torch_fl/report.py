@@ -106,6 +106,15 @@ def _diverges(r) -> bool:
     return any(v["failed"] for v in r["verify"])
 
 
+def _label_ops(ax, rows) -> None:
+    """Operator names down the y axis, top first; those that diverged in red."""
+    ax.set_yticks(range(len(rows)), [_short(r["op"]) for r in rows], fontsize=8)
+    for lab, r in zip(ax.get_yticklabels(), rows):
+        if _diverges(r):
+            lab.set_color("#c0392b")
+    ax.invert_yaxis()
+
+
 def plot_png(data: dict) -> bytes:
     """The report's figure: time per operator per backend, and calls by backend."""
     Figure, FigureCanvasAgg = _matplotlib()
@@ -130,11 +139,7 @@ def plot_png(data: dict) -> bytes:
                     edges.append(2.0 if r["chosen"] == b else 0.0)
             ax_t.barh(ys, xs, height=height, color=COLORS[b], label=b, edgecolor="black",
                       linewidth=edges)
-        ax_t.set_yticks(range(len(timed)), [_short(r["op"]) for r in timed], fontsize=8)
-        for lab, r in zip(ax_t.get_yticklabels(), timed):
-            if _diverges(r):
-                lab.set_color("#c0392b")
-        ax_t.invert_yaxis()
+        _label_ops(ax_t, timed)
         ax_t.set_xscale("log")
         ax_t.set_xlabel("time over the workload (ms, log scale)")
         ax_t.set_title("each backend's time for the workload's calls (outlined: chosen)"
@@ -157,11 +162,7 @@ def plot_png(data: dict) -> bytes:
                 continue
             ax_c.barh(range(len(called)), xs, left=left, color=COLORS[b], label=b)
             left = [a + x for a, x in zip(left, xs)]
-        ax_c.set_yticks(range(len(called)), [_short(r["op"]) for r in called], fontsize=8)
-        for lab, r in zip(ax_c.get_yticklabels(), called):
-            if _diverges(r):
-                lab.set_color("#c0392b")
-        ax_c.invert_yaxis()
+        _label_ops(ax_c, called)
         ax_c.set_xlabel("calls")
         ax_c.set_title("calls, by the backend that ran them", fontsize=10)
         ax_c.legend(fontsize=8, loc="lower right")
