@@ -117,8 +117,11 @@ def _label_ops(ax, rows) -> None:
 
 def plot_png(data: dict) -> bytes:
     """The report's figure: time per operator per backend, and calls by backend."""
+    return _plot_png(data, _rows(data))
+
+
+def _plot_png(data: dict, rows: list) -> bytes:
     Figure, FigureCanvasAgg = _matplotlib()
-    rows = _rows(data)
     timed = sorted((r for r in rows if r["time_ms"]), key=_time_of, reverse=True)[:TOP]
     called = sorted((r for r in rows if _total_calls(r)), key=_total_calls, reverse=True)[:TOP]
     n = max(len(timed), len(called), 1)
@@ -209,9 +212,9 @@ def _fmt_verify(r) -> str:
     return "; ".join(out)
 
 
-def _sections(data: dict) -> tuple:
+def _sections(data: dict, rows: list) -> tuple:
     """(title, meta lines, table header, table rows, diverging, fallbacks)."""
-    rows = sorted(_rows(data), key=lambda r: (-_time_of(r), -_total_calls(r), r["op"]))
+    rows = sorted(rows, key=lambda r: (-_time_of(r), -_total_calls(r), r["op"]))
     tune = bool(data["signatures"])
     title = "torch_fl routing report" + (" (tuning)" if tune else "")
     meta = [f"driver {data['driver']} ({data['device_name']}), torch {data['torch']}, torch_fl "
@@ -258,8 +261,9 @@ def render(data: dict, fmt: str) -> str:
     """The report as text: ``fmt`` is ``"html"`` or ``"md"``."""
     if fmt not in ("html", "md"):
         raise ValueError(f"report format {fmt!r} is not valid: use html or md")
-    png = base64.b64encode(plot_png(data)).decode("ascii")
-    title, meta, head, table, diverging, fallbacks = _sections(data)
+    rows = _rows(data)  # decide() runs once for the plot and the tables
+    png = base64.b64encode(_plot_png(data, rows)).decode("ascii")
+    title, meta, head, table, diverging, fallbacks = _sections(data, rows)
     if fmt == "md":
         def cell(x):
             return str(x).replace("|", "\\|").replace("\n", " ")
