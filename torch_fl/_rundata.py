@@ -46,8 +46,7 @@ def snapshot(kind: str) -> dict:
         "config": routing.config_path(),
         "env_routes": {k: v for k, v in os.environ.items() if k.startswith("FLAGOS_OP_")},
         "table": [r._asdict() for r in routing.table()],
-        "stats": [{"op": s.op, "calls": dict(s.calls), "cpu_fallbacks": int(s.cpu_fallbacks)}
-                  for s in routing.stats()],
+        "stats": [s._asdict() for s in routing.stats()],
         "profile": list(_C._profile_records()),
         "verify": {"mode": verify.mode(), "records": [r._asdict() for r in verify.records()]},
         "signatures": list(_C._tune_records()),
@@ -109,8 +108,17 @@ def merge(parts: list) -> dict:
             for r in p[key] if key != "verify" else p["verify"]["records"]:
                 k = tuple(r[f] for f in fields)
                 if k not in rows:
-                    rows[k] = dict(r)
+                    # Copies the nested dicts too: the sums must not change the parts.
+                    rows[k] = {f: dict(v) if isinstance(v, dict) else v for f, v in r.items()}
                 else:
+                    kept = rows[k]
+                    # Verification: the first failure (and skip reason) of whichever
+                    # part had one, not the empty text of a part that had none.
+                    if key == "verify" and not kept["failed"] and r["failed"]:
+                        kept["first_failure_call"] = r["first_failure_call"]
+                        kept["first_failure"] = r["first_failure"]
+                    if key == "verify" and not kept["skip_reason"] and r["skip_reason"]:
+                        kept["skip_reason"] = r["skip_reason"]
                     for n in numbers:
                         if isinstance(r[n], dict):
                             for b, c in r[n].items():

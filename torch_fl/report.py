@@ -21,8 +21,10 @@ import os
 from . import _rundata
 
 TOP = 20  # operators in the plot
-COLORS = {"flaggems": "#e67e22", "cuda": "#27ae60", "cpu": "#2e86c1", "native": "#7f8c8d",
-          "metax": "#8e44ad", "ascend": "#c0392b", "cpu fallback": "#e74c3c"}
+# Every key routing.stats() and the profile may use, or the plot leaves those calls out.
+COLORS = {"flaggems": "#e67e22", "flaggems-python": "#f5b041", "cuda": "#27ae60",
+          "cpu": "#2e86c1", "native": "#7f8c8d", "metax": "#8e44ad", "ascend": "#c0392b",
+          "cpu fallback": "#e74c3c"}
 
 
 def _matplotlib():
@@ -104,10 +106,22 @@ def _diverges(r) -> bool:
     return any(v["failed"] for v in r["verify"])
 
 
+def _label_ops(ax, rows) -> None:
+    """Operator names down the y axis, top first; those that diverged in red."""
+    ax.set_yticks(range(len(rows)), [_short(r["op"]) for r in rows], fontsize=8)
+    for lab, r in zip(ax.get_yticklabels(), rows):
+        if _diverges(r):
+            lab.set_color("#c0392b")
+    ax.invert_yaxis()
+
+
 def plot_png(data: dict) -> bytes:
     """The report's figure: time per operator per backend, and calls by backend."""
+    return _plot_png(data, _rows(data))
+
+
+def _plot_png(data: dict, rows: list) -> bytes:
     Figure, FigureCanvasAgg = _matplotlib()
-    rows = _rows(data)
     timed = sorted((r for r in rows if r["time_ms"]), key=_time_of, reverse=True)[:TOP]
     called = sorted((r for r in rows if _total_calls(r)), key=_total_calls, reverse=True)[:TOP]
     n = max(len(timed), len(called), 1)
@@ -128,11 +142,7 @@ def plot_png(data: dict) -> bytes:
                     edges.append(2.0 if r["chosen"] == b else 0.0)
             ax_t.barh(ys, xs, height=height, color=COLORS[b], label=b, edgecolor="black",
                       linewidth=edges)
-        ax_t.set_yticks(range(len(timed)), [_short(r["op"]) for r in timed], fontsize=8)
-        for lab, r in zip(ax_t.get_yticklabels(), timed):
-            if _diverges(r):
-                lab.set_color("#c0392b")
-        ax_t.invert_yaxis()
+        _label_ops(ax_t, timed)
         ax_t.set_xscale("log")
         ax_t.set_xlabel("time over the workload (ms, log scale)")
         ax_t.set_title("each backend's time for the workload's calls (outlined: chosen)"
@@ -155,11 +165,7 @@ def plot_png(data: dict) -> bytes:
                 continue
             ax_c.barh(range(len(called)), xs, left=left, color=COLORS[b], label=b)
             left = [a + x for a, x in zip(left, xs)]
-        ax_c.set_yticks(range(len(called)), [_short(r["op"]) for r in called], fontsize=8)
-        for lab, r in zip(ax_c.get_yticklabels(), called):
-            if _diverges(r):
-                lab.set_color("#c0392b")
-        ax_c.invert_yaxis()
+        _label_ops(ax_c, called)
         ax_c.set_xlabel("calls")
         ax_c.set_title("calls, by the backend that ran them", fontsize=10)
         ax_c.legend(fontsize=8, loc="lower right")
@@ -206,9 +212,9 @@ def _fmt_verify(r) -> str:
     return "; ".join(out)
 
 
-def _sections(data: dict) -> tuple:
+def _sections(data: dict, rows: list) -> tuple:
     """(title, meta lines, table header, table rows, diverging, fallbacks)."""
-    rows = sorted(_rows(data), key=lambda r: (-_time_of(r), -_total_calls(r), r["op"]))
+    rows = sorted(rows, key=lambda r: (-_time_of(r), -_total_calls(r), r["op"]))
     tune = bool(data["signatures"])
     title = "torch_fl routing report" + (" (tuning)" if tune else "")
     meta = [f"driver {data['driver']} ({data['device_name']}), torch {data['torch']}, torch_fl "
@@ -255,8 +261,9 @@ def render(data: dict, fmt: str) -> str:
     """The report as text: ``fmt`` is ``"html"`` or ``"md"``."""
     if fmt not in ("html", "md"):
         raise ValueError(f"report format {fmt!r} is not valid: use html or md")
-    png = base64.b64encode(plot_png(data)).decode("ascii")
-    title, meta, head, table, diverging, fallbacks = _sections(data)
+    rows = _rows(data)  # decide() runs once for the plot and the tables
+    png = base64.b64encode(_plot_png(data, rows)).decode("ascii")
+    title, meta, head, table, diverging, fallbacks = _sections(data, rows)
     if fmt == "md":
         def cell(x):
             return str(x).replace("|", "\\|").replace("\n", " ")

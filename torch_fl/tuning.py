@@ -303,6 +303,7 @@ class Tuner:
                             cpu_copy_max_bytes=int(cpu_copy_max_mib * (1 << 20)))
         self.verify = bool(verify)
         self.data = None
+        self._decisions = None
         self._verify_before = None
 
     def __enter__(self):
@@ -328,12 +329,14 @@ class Tuner:
             if self.verify:
                 _C._set_verify_mode(self._verify_before)
                 _reject_diverging(self.data)
-            self.data["decisions"] = [d._asdict() for d in decide(self.data)]
+            self._decisions = decide(self.data)
+            self.data["decisions"] = [d._asdict() for d in self._decisions]
         return self.data
 
     @property
     def decisions(self) -> list:
-        return decide(self.stop())
+        self.stop()
+        return self._decisions
 
     def config_text(self) -> str:
         return config_text(self.stop(), self.decisions)
@@ -388,7 +391,7 @@ def _start_from_env() -> None:
 
     def finish():
         data = tuner.stop()
-        if data["verify"]["mode"] != "0":
+        if data["verify"]["mode"] != "0" and not tuner.verify:  # stop() did it then
             _reject_diverging(data)
         _rundata.save(data, os.path.join(directory, f"tune-{os.getpid()}.json"))
 

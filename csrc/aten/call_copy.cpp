@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/TensorImpl.h>
 
 #include "aten/native_view.h"
+#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/storage.h"
 #include "runtime/stream.h"
@@ -41,10 +43,10 @@ void for_each_tensor(const OpPlan& plan, const c10::IValue* args, F&& f) {
 // The bytes [first, end) of its storage a tensor can reach; {0, 0} if none.
 std::pair<int64_t, int64_t> extent(const at::Tensor& t) {
   if (t.numel() == 0) return {0, 0};
-  const int64_t item = static_cast<int64_t>(t.dtype().itemsize());
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return {t.storage_offset() * item, (last + 1) * item};
+  const size_t item = t.dtype().itemsize();
+  const size_t end = at::detail::computeStorageNbytes(t.sizes(), t.strides(), item,
+                                                      t.storage_offset());
+  return {t.storage_offset() * static_cast<int64_t>(item), static_cast<int64_t>(end)};
 }
 
 // The tensors of one storage: the copy covers the bytes they reach, from a
@@ -248,6 +250,42 @@ void drop_rng_state(const c10::OperatorHandle& op, std::vector<c10::IValue>& out
       v = c10::IValue();
     }
   }
+}
+
+std::string error_text(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string rerun_skip_reason(const c10::OperatorHandle& op, const OpPlan& plan,
+                              const c10::IValue* args) {
+  if (plan.name.rfind("aten::", 0) != 0) {
+    return "not an aten operator: never run twice (it may be a collective)";
+  }
+  if (is_random(op, plan, args)) {
+    return "random operator: a second run would move the workload's random stream";
+  }
+  if (runtime::uses_cuda() && runtime::cuda::capturing()) {
+    return "called during CUDA graph capture (nothing may wait for the device)";
+  }
+  return "";
+}
+
+std::vector<std::string> output_labels(const OpPlan& plan,
+                                       const std::vector<std::string>& written) {
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < plan.num_returns; ++i) labels.push_back("result " + std::to_string(i));
+  labels.insert(labels.end(), written.begin(), written.end());
+  return labels;
+}
+
+std::vector<c10::IValue> call_outputs(const c10::OperatorHandle& op, const OpPlan& plan,
+                                      const torch::jit::Stack& stack,
+                                      const std::vector<at::Tensor>& written) {
+  std::vector<c10::IValue> out(stack.end() - plan.num_returns, stack.end());
+  for (const at::Tensor& t : written) out.emplace_back(t);
+  drop_rng_state(op, out);
+  return out;
 }
 
 }  // namespace torch_fl::aten

@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 
 #include "aten/op_plan.h"
 
@@ -60,5 +61,26 @@ bool is_random(const c10::OperatorHandle& op, const OpPlan& plan, const c10::IVa
 // seed and offset of attention kernels, left uninitialised then), not results:
 // they become None, so comparisons skip them.
 void drop_rng_state(const c10::OperatorHandle& op, std::vector<c10::IValue>& outputs);
+
+// An exception's message, without a c10::Error's backtrace.
+std::string error_text(const std::exception& e);
+
+// Why this call must not be run a second time ("" if it may): not an aten
+// operator (it may be a collective), a random operator, or a call made during
+// CUDA graph capture.
+std::string rerun_skip_reason(const c10::OperatorHandle& op, const OpPlan& plan,
+                              const c10::IValue* args);
+
+// Labels of call_outputs(): "result i" for each return, then `written`
+// (written_labels() of the call).
+std::vector<std::string> output_labels(const OpPlan& plan,
+                                       const std::vector<std::string>& written);
+
+// What a finished call produced, to compare: its returns (the last
+// plan.num_returns values of `stack`), then the tensors it wrote (`written`,
+// written_tensors() of its arguments), after drop_rng_state().
+std::vector<c10::IValue> call_outputs(const c10::OperatorHandle& op, const OpPlan& plan,
+                                      const torch::jit::Stack& stack,
+                                      const std::vector<at::Tensor>& written);
 
 }  // namespace torch_fl::aten

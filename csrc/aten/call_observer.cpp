@@ -59,7 +59,7 @@ Served observe_call(const c10::OperatorHandle& op, const OpPlan& plan, routing::
   std::optional<ShadowCall> shadow;
   if (on & kObserveVerify) shadow.emplace(op, plan, backend, args);
   std::optional<TuneJob> job;
-  if (on & kObserveTune) job = tune_note_call(op, plan, backend, args);
+  if (on & kObserveTune) job = tune_note_call(op, plan, args);
 
   const auto t0 = std::chrono::steady_clock::now();
   const Served served = run_provider(op, plan, backend, stack, -1, flaggems_desc);
@@ -89,12 +89,6 @@ std::vector<ProfileRecord> profile_records() {
     return std::tie(a.op, a.backend) < std::tie(b.op, b.backend);
   });
   return out;
-}
-
-void reset_profile() {
-  auto& p = profile();
-  std::lock_guard<std::mutex> lock(p.mu);
-  p.by_op.clear();
 }
 
 }  // namespace torch_fl::aten

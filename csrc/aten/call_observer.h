@@ -60,6 +60,5 @@ struct ProfileRecord {
   double host_us;  // total
 };
 std::vector<ProfileRecord> profile_records();
-void reset_profile();
 
 }  // namespace torch_fl::aten

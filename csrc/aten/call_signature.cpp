@@ -105,12 +105,6 @@ void value_text(std::ostream& os, const c10::Argument& arg, const c10::IValue& v
 
 }  // namespace
 
-std::string tensor_text(const at::Tensor& t) {
-  std::ostringstream os;
-  tensor_text(os, t);
-  return os.str();
-}
-
 std::string call_signature(const OpPlan& plan, const c10::IValue* args) {
   std::ostringstream os;
   const std::string& name = plan.name;

@@ -24,7 +24,4 @@ namespace torch_fl::aten {
 // `args` points at the call's plan.num_arguments arguments.
 std::string call_signature(const OpPlan& plan, const c10::IValue* args);
 
-// "f32[2, 3]" (with strides when not contiguous).
-std::string tensor_text(const at::Tensor& t);
-
 }  // namespace torch_fl::aten

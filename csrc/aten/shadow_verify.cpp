@@ -11,7 +11,6 @@
 #include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "aten/output_compare.h"
-#include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 
 namespace torch_fl::aten {
@@ -42,11 +41,6 @@ VerifyRecord& record_of(Records& r, const OpPlan& plan, routing::Backend backend
     rec.backend = routing::backend_name(backend);
   }
   return rec;
-}
-
-std::string error_text(const std::exception& e) {
-  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
 }
 
 }  // namespace
@@ -101,18 +95,8 @@ std::vector<c10::IValue> run_reference(const c10::OperatorHandle& op, const OpPl
 ShadowCall::ShadowCall(const c10::OperatorHandle& op, const OpPlan& plan,
                        routing::Backend backend, const c10::IValue* args)
     : plan_(plan), backend_(backend) {
-  if (plan.name.rfind("aten::", 0) != 0) {
-    skip_ = "not an aten operator: never run twice (it may be a collective)";
-    return;
-  }
-  if (is_random(op, plan, args)) {
-    skip_ = "random operator: a second run would move the random stream";
-    return;
-  }
-  if (runtime::uses_cuda() && runtime::cuda::capturing()) {
-    skip_ = "called during CUDA graph capture (nothing may wait for the device)";
-    return;
-  }
+  skip_ = rerun_skip_reason(op, plan, args);
+  if (!skip_.empty()) return;
   signature_ = call_signature(plan, args);
   written_ = written_tensors(plan, args);
   written_labels_ = written_labels(plan, args);
@@ -133,15 +117,10 @@ void ShadowCall::check(const c10::OperatorHandle& op, const torch::jit::Stack& s
     if (rec.skip_reason.empty()) rec.skip_reason = skip_;
     return;
   }
-  std::vector<c10::IValue> got(stack.end() - plan_.num_returns, stack.end());
-  std::vector<std::string> labels;
-  for (size_t i = 0; i < plan_.num_returns; ++i) labels.push_back("result " + std::to_string(i));
-  for (at::Tensor& t : written_) got.emplace_back(t);
-  labels.insert(labels.end(), written_labels_.begin(), written_labels_.end());
-  drop_rng_state(op, got);
   Comparison c;
   try {
-    c = compare_outputs(got, ref_outputs_, labels);
+    c = compare_outputs(call_outputs(op, plan_, stack, written_), ref_outputs_,
+                        output_labels(plan_, written_labels_));
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(r.mu);
     VerifyRecord& rec = record_of(r, plan_, backend_);

@@ -50,11 +50,6 @@ double us_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::micro>(t1 - t0).count();
 }
 
-std::string error_text(const std::exception& e) {
-  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 std::string mib(size_t bytes) {
   std::ostringstream os;
   os.precision(3);
@@ -192,7 +187,7 @@ std::vector<SignatureRecord> tune_records() {
 }
 
 std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPlan& plan,
-                                      Backend backend, const c10::IValue* args) {
+                                      const c10::IValue* args) {
   std::string signature = call_signature(plan, args);
   std::string key = plan.name + '\n' + signature;
   auto& s = state();
@@ -213,17 +208,10 @@ std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPla
     rec.calls = 1;
     rec.route = routing::backend_name(plan.backend.load(std::memory_order_relaxed));
     if (plan.cpu_fallback.load(std::memory_order_relaxed)) rec.route = "cpu fallback";
-    rec.routed = routing::backend_name(backend);
     rec.reference = reference_backend_name();
-    rec.input_bytes = argument_bytes(plan, args);
-    if (plan.name.rfind("aten::", 0) != 0) {
-      rec.skipped = "not an aten operator: never run twice (it may be a collective)";
-    } else if (is_random(op, plan, args)) {
-      rec.skipped = "random operator: a second run would move the workload's random stream";
-    } else if (plan.cpu_fallback.load(std::memory_order_relaxed)) {
+    rec.skipped = rerun_skip_reason(op, plan, args);
+    if (rec.skipped.empty() && plan.cpu_fallback.load(std::memory_order_relaxed)) {
       rec.skipped = "CPU fallback: no backend of this driver serves it";
-    } else if (runtime::uses_cuda() && runtime::cuda::capturing()) {
-      rec.skipped = "called during CUDA graph capture";
     }
     if (!rec.skipped.empty()) return std::nullopt;
   }
@@ -249,10 +237,7 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
   } catch (const std::exception& e) {
     reference_problem = "the reference kernel failed: " + error_text(e);
   }
-  const std::vector<std::string> written = written_labels(plan, master);
-  std::vector<std::string> labels;
-  for (size_t i = 0; i < plan.num_returns; ++i) labels.push_back("result " + std::to_string(i));
-  labels.insert(labels.end(), written.begin(), written.end());
+  const std::vector<std::string> labels = output_labels(plan, written_labels(plan, master));
   const size_t input_bytes = argument_bytes(plan, master);
 
   std::vector<BackendResult> results;
@@ -293,10 +278,8 @@ void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& jo
       torch::jit::Stack stack(inputs.begin(), inputs.end());
       run_provider(op, plan, b, &stack, kernel, desc);
       if (reference_problem.empty()) {
-        std::vector<c10::IValue> got(stack.end() - plan.num_returns, stack.end());
-        for (at::Tensor& t : inputs_written) got.emplace_back(t);
-        drop_rng_state(op, got);
-        Comparison c = compare_outputs(got, reference, labels);
+        Comparison c = compare_outputs(call_outputs(op, plan, stack, inputs_written), reference,
+                                       labels);
         r.checked = true;
         r.correct = c.ok;
         r.max_abs = c.max_abs;

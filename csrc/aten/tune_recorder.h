@@ -76,10 +76,8 @@ struct SignatureRecord {
   std::string signature;  // call_signature()
   uint64_t calls = 0;
   std::string route;      // the operator's route during the run
-  std::string routed;     // the backend this signature's calls ran on
   std::string skipped;    // why it was not measured ("" when measured)
   std::string reference;  // the reference backend ("cpu", "cuda")
-  uint64_t input_bytes = 0;
   std::vector<BackendResult> results;
 };
 std::vector<SignatureRecord> tune_records();
@@ -94,7 +92,7 @@ struct TuneJob {
 // Counts the call; returns a job when it is the first of a signature that is
 // measured.
 std::optional<TuneJob> tune_note_call(const c10::OperatorHandle& op, const OpPlan& plan,
-                                      routing::Backend backend, const c10::IValue* args);
+                                      const c10::IValue* args);
 void tune_measure(const c10::OperatorHandle& op, const OpPlan& plan, TuneJob& job);
 
 }  // namespace torch_fl::aten

@@ -128,10 +128,8 @@ void bind_observers(py::module_& m) {
       d["signature"] = r.signature;
       d["calls"] = r.calls;
       d["route"] = r.route;
-      d["routed"] = r.routed;
       d["skipped"] = r.skipped;
       d["reference"] = r.reference;
-      d["input_bytes"] = r.input_bytes;
       py::list results;
       for (const auto& b : r.results) results.append(backend_result(b));
       d["results"] = results;
@@ -142,7 +140,6 @@ void bind_observers(py::module_& m) {
 
   // ---- profiling ---------------------------------------------------------------
   m.def("_set_profiling", [](bool on) { aten::set_observer(aten::kObserveProfile, on); });
-  m.def("_profiling", [] { return aten::observer_on(aten::kObserveProfile); });
   m.def("_profile_records", [] {
     py::list out;
     for (const auto& r : aten::profile_records()) {
@@ -155,7 +152,6 @@ void bind_observers(py::module_& m) {
     }
     return out;
   });
-  m.def("_reset_profile", [] { aten::reset_profile(); });
 }
 
 }  // namespace torch_fl::python

@@ -100,3 +100,30 @@ def test_report_errors(tmp_path, start_py, capsys):
     rc, out, err = bad_env.result()
     assert rc != 0 and "FLAGOS_REPORT=" in err and "cannot be written" in err
     assert not os.path.exists(tmp_path / "r.html")
+
+
+def test_plot_has_a_colour_for_both_flaggems_call_keys():
+    # The calls plot draws only the backends in COLORS: calls under a key
+    # without a colour would count in the totals but never be drawn.
+    assert set(torch_fl.routing.FLAGGEMS_KEYS) <= set(torch_fl.report.COLORS)
+
+
+def test_merge_keeps_a_later_parts_failure_and_leaves_the_parts_alone():
+    from torch_fl import _rundata
+
+    def part(pid, calls, failed, first="", skip=""):
+        rec = {"op": "aten::mm", "backend": "flaggems", "compared": 2, "failed": failed,
+               "skipped": 0, "max_abs": float(failed), "max_rel": 0.0,
+               "first_failure_call": first and "mm(f32[2,2])", "first_failure": first,
+               "skip_reason": skip}
+        return {"pid": pid, "signatures": [], "profile": [], "verify": {"records": [rec]},
+                "stats": [{"op": "aten::mm", "calls": {"flaggems": calls}, "cpu_fallbacks": 0}]}
+
+    parts = [part(1, 3, 0), part(2, 4, 1, "max abs 1", "random")]
+    out = _rundata.merge(parts)
+    (rec,) = out["verify"]["records"]
+    assert rec["failed"] == 1 and rec["first_failure"] == "max abs 1"
+    assert rec["first_failure_call"] == "mm(f32[2,2])" and rec["skip_reason"] == "random"
+    assert out["stats"][0]["calls"] == {"flaggems": 7}
+    assert parts[0]["stats"][0]["calls"] == {"flaggems": 3}
+    assert parts[0]["verify"]["records"][0]["failed"] == 0
