@@ -29,16 +29,23 @@ std::atomic<bool> g_stub_only{false};
 std::atomic<bool> g_cpp{true};
 std::atomic<bool> g_strict{false};
 
+// Launches, captures and declines are counted per op (OpDesc) only: stats()
+// sums them.
 enum Counter {
-  kLaunched, kCaptures, kAdmitted, kPinned, kRetried, kDiskKernels, kDiskTuned, kCompiled,
-  kTunedLearned, kDeclined, kNumCounters
+  kAdmitted, kPinned, kRetried, kDiskKernels, kDiskTuned, kCompiled, kTunedLearned, kNumCounters
 };
 constexpr const char* kCounterNames[] = {
-    "launched", "captures", "admitted", "pinned", "retried", "disk_kernels", "disk_tuned",
-    "compiled", "tuned_learned", "declined"};
+    "admitted", "pinned", "retried", "disk_kernels", "disk_tuned", "compiled", "tuned_learned"};
 std::array<std::atomic<uint64_t>, kNumCounters> g_counters{};
 
 void count(Counter c) { g_counters[c].fetch_add(1, std::memory_order_relaxed); }
+
+// A call the plan could not serve (the planner declined, or its arguments do
+// not fit Triton's types).
+Ran declined(const OpDesc& d) {
+  d.declined.fetch_add(1, std::memory_order_relaxed);
+  return Ran::kNotServed;
+}
 
 struct Tables {
   std::mutex mu;
@@ -545,7 +552,6 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
 Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& d,
             int64_t python_kernel, torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
   PythonSide* side = python_side();
-  count(kCaptures);
   d.captured.fetch_add(1, std::memory_order_relaxed);
   side->capture_begin();
   try {
@@ -585,11 +591,7 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
     Prepared prep[kMaxLaunches];
     bool need_capture = false;
     for (int i = 0; i < plan.nlaunches; ++i) {
-      if (!prepare(plan.launches[i], prep[i])) {
-        d.declined.fetch_add(1, std::memory_order_relaxed);
-        count(kDeclined);
-        return Ran::kNotServed;
-      }
+      if (!prepare(plan.launches[i], prep[i])) return declined(d);
       Kernel* k = kernels().find(prep[i].key);
       const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
       if (k && s == KernelState::kPinned) return Ran::kNotServed;
@@ -614,12 +616,9 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
     launch_all(d, call.device(), plan, prep);
     finish(stack, base, plan);
     d.launched.fetch_add(1, std::memory_order_relaxed);
-    count(kLaunched);
     return Ran::kCpp;
   }
-  d.declined.fetch_add(1, std::memory_order_relaxed);
-  count(kDeclined);
-  return Ran::kNotServed;
+  return declined(d);
 }
 
 }  // namespace
@@ -702,20 +701,12 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
   CallPlan p;
   const Outcome o = d->planner(*d, call, p);
   if (o == Outcome::kNative) return Ran::kNative;
-  if (o == Outcome::kDecline) {
-    d->declined.fetch_add(1, std::memory_order_relaxed);
-    count(kDeclined);
-    return Ran::kNotServed;
-  }
+  if (o == Outcome::kDecline) return declined(*d);
   if (o == Outcome::kPlanned) {
     Prepared prep[kMaxLaunches];
     bool hit = true;
     for (int i = 0; i < p.nlaunches; ++i) {
-      if (!prepare(p.launches[i], prep[i])) {
-        d->declined.fetch_add(1, std::memory_order_relaxed);
-        count(kDeclined);
-        return Ran::kNotServed;
-      }
+      if (!prepare(p.launches[i], prep[i])) return declined(*d);
       Kernel* k = kernels().find(prep[i].key);
       const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
       if (s == KernelState::kPinned) return Ran::kNotServed;
@@ -729,7 +720,6 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
       launch_all(*d, call.device(), p, prep);
       finish(stack, base, p);
       d->launched.fetch_add(1, std::memory_order_relaxed);
-      count(kLaunched);
       return Ran::kCpp;
     }
   }
@@ -744,8 +734,19 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
 }
 
 std::vector<std::pair<std::string, uint64_t>> stats() {
+  uint64_t launches = 0, captures = 0, declines = 0;
+  size_t n = 0;
+  const OpDesc* ops = op_table(&n);
+  for (size_t i = 0; i < n; ++i) {
+    launches += ops[i].launched.load();
+    captures += ops[i].captured.load();
+    declines += ops[i].declined.load();
+  }
   std::vector<std::pair<std::string, uint64_t>> out;
+  out.emplace_back("launched", launches);
+  out.emplace_back("captures", captures);
   for (int i = 0; i < kNumCounters; ++i) out.emplace_back(kCounterNames[i], g_counters[i].load());
+  out.emplace_back("declined", declines);
   out.emplace_back("kernels", kernels().size());
   return out;
 }
