@@ -692,21 +692,20 @@ std::vector<std::string> described_ops() {
 
 // Hot path: plan, specialize, find every kernel, launch. Anything else (a
 // decline, a kernel not known yet, a pinned key) leaves it.
-Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& desc,
+Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& d,
         int64_t python_kernel, torch::jit::Stack* stack) {
-  const OpDesc* d = &desc;
   if (t_in_slow_path) return Ran::kNotServed;
   const size_t base = stack->size() - oplan.num_arguments;
   Call call(stack->data() + base, oplan.num_arguments);
   CallPlan p;
-  const Outcome o = d->planner(*d, call, p);
+  const Outcome o = d.planner(d, call, p);
   if (o == Outcome::kNative) return Ran::kNative;
-  if (o == Outcome::kDecline) return declined(*d);
+  if (o == Outcome::kDecline) return declined(d);
   if (o == Outcome::kPlanned) {
     Prepared prep[kMaxLaunches];
     bool hit = true;
     for (int i = 0; i < p.nlaunches; ++i) {
-      if (!prepare(p.launches[i], prep[i])) return declined(*d);
+      if (!prepare(p.launches[i], prep[i])) return declined(d);
       Kernel* k = kernels().find(prep[i].key);
       const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
       if (s == KernelState::kPinned) return Ran::kNotServed;
@@ -717,9 +716,9 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
       prep[i].kernel = k;
     }
     if (hit) {
-      launch_all(*d, call.device(), p, prep);
+      launch_all(d, call.device(), p, prep);
       finish(stack, base, p);
-      d->launched.fetch_add(1, std::memory_order_relaxed);
+      d.launched.fetch_add(1, std::memory_order_relaxed);
       return Ran::kCpp;
     }
   }
@@ -728,7 +727,7 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
   Ran ran = Ran::kNotServed;
   side->with_gil([&] {
     SlowPathScope scope;
-    ran = slow_locked(op, oplan, *d, python_kernel, stack);
+    ran = slow_locked(op, oplan, d, python_kernel, stack);
   });
   return ran;
 }
