@@ -194,6 +194,34 @@ bool export_needed(const CallPlan& plan) {
   return false;
 }
 
+enum class Settled : uint8_t { kOutcome, kExportFailed, kNoConvergence };
+
+// Plans `d` on the arguments of `call` until the planner's outcome is final:
+// the exports it asks for are done here (Outcome::kNeedExport), the autotuner
+// configs by `tune` (Outcome::kNeedTuning; true: it supplied one, plan
+// again). The last round's outcome goes to *o, its plan to `plan`, and
+// `call` is that round's.
+template <typename Tune>
+Settled settle(const OpDesc& d, Call& call, CallPlan& plan, Outcome* o, Tune&& tune) {
+  const Call fresh = call;
+  for (int round = 0; round < 8; ++round) {
+    call = fresh;
+    plan = CallPlan();
+    *o = d.planner(d, call, plan);
+    if (*o == Outcome::kNeedExport) {
+      if (!export_needed(plan)) return Settled::kExportFailed;
+      continue;
+    }
+    if (*o == Outcome::kNeedTuning && tune(plan, call)) continue;
+    return Settled::kOutcome;
+  }
+  return Settled::kNoConvergence;
+}
+
+Settled settle(const OpDesc& d, Call& call, CallPlan& plan, Outcome* o) {
+  return settle(d, call, plan, o, [](CallPlan&, Call&) { return false; });
+}
+
 Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex device,
                        const OpDesc& d) {
   if (disk::directory().empty()) return nullptr;
@@ -494,59 +522,53 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
     }
     return "the capture failed: " + cap.error;
   }
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d.planner(d, call, plan);
-    if (o == Outcome::kDecline) return "the planner declines these arguments";
-    if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) return "a FlagGems function could not be exported";
-      continue;
-    }
-    if (o == Outcome::kNeedTuning) {
-      if (!learn_tuned(plan, cap, call.device())) {
-        count(kRetried);
-        return "the capture holds no single launch of the autotuned kernel (autotuning?)";
-      }
-      continue;
-    }
-    Prepared prep[kMaxLaunches];
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      if (!prepare(plan.launches[i], prep[i])) return "the plan's arguments do not fit Triton's types";
-    }
-    std::string why;
-    const Verdict v = compare(plan, cap, args, py_results, &why);
-    if (!admit) return v == Verdict::kMatch ? "" : why;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      Kernel* k = kernels().insert(prep[i].key);
-      if (!k || k->state.load() == KernelState::kReady) continue;
-      if (v == Verdict::kMismatch) {
-        pin(k, d, why);
-        continue;
-      }
-      if (v == Verdict::kInconclusive) {
-        count(kRetried);
-        if (k->attempts.fetch_add(1) + 1 >= 3) pin(k, d, why + " (3 captures)");
-        continue;
-      }
-      std::string bad;
-      if (!make_ready(k, cap.launches[i].binary, prep[i], /*verified=*/true, call.device(), d.aten,
-                      &bad)) {
-        pin(k, d, "FlagGems' kernel cannot be launched from C++: " + bad);
-        continue;
-      }
-      count(kAdmitted);
-      if (!disk::directory().empty()) {
-        disk::store_kernel(
-            disk::kernel_identity(*plan.launches[i].fn, arch_of(call.device()), prep[i].key),
-            {cap.launches[i].binary, true});
-      }
-    }
-    return v == Verdict::kMatch ? "" : why;
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled s = settle(d, call, plan, &o, [&](CallPlan& p, Call& c) {
+    return learn_tuned(p, cap, c.device());
+  });
+  if (s == Settled::kExportFailed) return "a FlagGems function could not be exported";
+  if (s == Settled::kNoConvergence) return "planning did not converge";
+  if (o == Outcome::kDecline) return "the planner declines these arguments";
+  if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
+  if (o == Outcome::kNeedTuning) {
+    count(kRetried);
+    return "the capture holds no single launch of the autotuned kernel (autotuning?)";
   }
-  return "planning did not converge";
+  Prepared prep[kMaxLaunches];
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    if (!prepare(plan.launches[i], prep[i])) return "the plan's arguments do not fit Triton's types";
+  }
+  std::string why;
+  const Verdict v = compare(plan, cap, args, py_results, &why);
+  if (!admit) return v == Verdict::kMatch ? "" : why;
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    Kernel* k = kernels().insert(prep[i].key);
+    if (!k || k->state.load() == KernelState::kReady) continue;
+    if (v == Verdict::kMismatch) {
+      pin(k, d, why);
+      continue;
+    }
+    if (v == Verdict::kInconclusive) {
+      count(kRetried);
+      if (k->attempts.fetch_add(1) + 1 >= 3) pin(k, d, why + " (3 captures)");
+      continue;
+    }
+    std::string bad;
+    if (!make_ready(k, cap.launches[i].binary, prep[i], /*verified=*/true, call.device(), d.aten,
+                    &bad)) {
+      pin(k, d, "FlagGems' kernel cannot be launched from C++: " + bad);
+      continue;
+    }
+    count(kAdmitted);
+    if (!disk::directory().empty()) {
+      disk::store_kernel(
+          disk::kernel_identity(*plan.launches[i].fn, arch_of(call.device()), prep[i].key),
+          {cap.launches[i].binary, true});
+    }
+  }
+  return v == Verdict::kMatch ? "" : why;
 }
 
 Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& d,
@@ -572,53 +594,41 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
   const size_t n = oplan.num_arguments;
   const size_t base = stack->size() - n;
   std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(n));
-    CallPlan plan;
-    const Outcome o = d.planner(d, call, plan);
-    if (o == Outcome::kDecline) break;
-    if (o == Outcome::kNative) return Ran::kNative;
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) break;
+  Call call(args.data(), static_cast<int>(n));
+  CallPlan plan;
+  Outcome o;
+  const Settled settled = settle(d, call, plan, &o, [](CallPlan& p, Call& c) {
+    return tuned_from_disk(p, c.device());
+  });
+  if (settled != Settled::kOutcome || o == Outcome::kDecline) return declined(d);
+  if (o == Outcome::kNative) return Ran::kNative;
+  if (o == Outcome::kNeedTuning) {
+    if (g_stub_only.load()) return declined(d);  // no wrapper to learn FlagGems' choice from
+    return capture(op, oplan, d, python_kernel, stack, args);
+  }
+  Prepared prep[kMaxLaunches];
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    if (!prepare(plan.launches[i], prep[i])) return declined(d);
+    Kernel* k = kernels().find(prep[i].key);
+    const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
+    if (k && s == KernelState::kPinned) return Ran::kNotServed;
+    if (k && s == KernelState::kReady) {
+      prep[i].kernel = k;
       continue;
     }
-    if (o == Outcome::kNeedTuning) {
-      if (tuned_from_disk(plan, call.device())) continue;
-      if (g_stub_only.load()) break;  // no wrapper to learn FlagGems' choice from
-      return capture(op, oplan, d, python_kernel, stack, args);
+    if (Kernel* from_disk = load_from_disk(plan.launches[i], prep[i], call.device(), d)) {
+      prep[i].kernel = from_disk;
+      continue;
     }
-    Prepared prep[kMaxLaunches];
-    bool need_capture = false;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      if (!prepare(plan.launches[i], prep[i])) return declined(d);
-      Kernel* k = kernels().find(prep[i].key);
-      const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
-      if (k && s == KernelState::kPinned) return Ran::kNotServed;
-      if (k && s == KernelState::kReady) {
-        prep[i].kernel = k;
-        continue;
-      }
-      if (Kernel* from_disk = load_from_disk(plan.launches[i], prep[i], call.device(), d)) {
-        prep[i].kernel = from_disk;
-        continue;
-      }
-      if (g_stub_only.load()) {
-        Kernel* compiled = compile(plan.launches[i], prep[i], call.device(), d);
-        if (!compiled) return Ran::kNotServed;
-        prep[i].kernel = compiled;
-        continue;
-      }
-      need_capture = true;
-      break;
-    }
-    if (need_capture) return capture(op, oplan, d, python_kernel, stack, args);
-    launch_all(d, call.device(), plan, prep);
-    finish(stack, base, plan);
-    d.launched.fetch_add(1, std::memory_order_relaxed);
-    return Ran::kCpp;
+    if (!g_stub_only.load()) return capture(op, oplan, d, python_kernel, stack, args);
+    Kernel* compiled = compile(plan.launches[i], prep[i], call.device(), d);
+    if (!compiled) return Ran::kNotServed;
+    prep[i].kernel = compiled;
   }
-  return declined(d);
+  launch_all(d, call.device(), plan, prep);
+  finish(stack, base, plan);
+  d.launched.fetch_add(1, std::memory_order_relaxed);
+  return Ran::kCpp;
 }
 
 }  // namespace
@@ -784,30 +794,21 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
   OpDesc* d = find_desc(aten_op);
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PlanReport report;
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d->planner(*d, call, plan);
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) {
-        report.outcome = "export-failed";
-        return report;
-      }
-      continue;
-    }
-    if (o == Outcome::kDecline) {
-      report.outcome = "decline";
-      return report;
-    }
-    if (o == Outcome::kNative) {
-      report.outcome = "native";
-      return report;
-    }
-    if (o == Outcome::kNeedTuning) {
-      report.outcome = "need-tuning";
-      return report;
-    }
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled settled = settle(*d, call, plan, &o);
+  if (settled != Settled::kOutcome) {
+    report.outcome = settled == Settled::kExportFailed ? "export-failed" : "no-convergence";
+    return report;
+  }
+  if (o == Outcome::kDecline) {
+    report.outcome = "decline";
+  } else if (o == Outcome::kNative) {
+    report.outcome = "native";
+  } else if (o == Outcome::kNeedTuning) {
+    report.outcome = "need-tuning";
+  } else {
     report.outcome = "planned";
     for (int i = 0; i < plan.nlaunches; ++i) {
       const Launch& L = plan.launches[i];
@@ -827,9 +828,7 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
       report.launches.push_back(std::move(pl));
     }
     report.results = result_texts(plan);
-    return report;
   }
-  report.outcome = "no-convergence";
   return report;
 }
 
@@ -860,38 +859,34 @@ std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c1
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PythonSide* side = python_side();
   TORCH_CHECK(side != nullptr, "flagos: the FlagGems Python side is not installed");
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d->planner(*d, call, plan);
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      TORCH_CHECK(ok, "flagos: exporting a FlagGems function for ", aten_op, " failed");
-      continue;
-    }
-    TORCH_CHECK(o == Outcome::kPlanned, "flagos: ", aten_op, " is not planned for these arguments");
-    std::vector<std::string> hashes;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      const Launch& L = plan.launches[i];
-      Prepared prep;
-      TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
-      std::string error;
-      KernelBinary b = side->compile(compile_request(L, prep), &error);
-      TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
-      if (!b.entry_sizes.empty()) {
-        bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;
-        for (int j = 0; same && j < prep.packed.count; ++j) {
-          same = b.entry_sizes[j] == prep.packed.sizes[j];
-        }
-        TORCH_CHECK(same, "flagos: ", L.fn->ref, "'s PTX entry takes ", b.entry_sizes.size(),
-                    " parameters, the Triton packing fills ", prep.packed.count,
-                    " (or their sizes differ)");
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled s = settle(*d, call, plan, &o);
+  TORCH_CHECK(s != Settled::kExportFailed, "flagos: exporting a FlagGems function for ", aten_op,
+              " failed");
+  TORCH_CHECK(s != Settled::kNoConvergence, "flagos: planning ", aten_op, " did not converge");
+  TORCH_CHECK(o == Outcome::kPlanned, "flagos: ", aten_op, " is not planned for these arguments");
+  std::vector<std::string> hashes;
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    const Launch& L = plan.launches[i];
+    Prepared prep;
+    TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
+    std::string error;
+    KernelBinary b = side->compile(compile_request(L, prep), &error);
+    TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
+    if (!b.entry_sizes.empty()) {
+      bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;
+      for (int j = 0; same && j < prep.packed.count; ++j) {
+        same = b.entry_sizes[j] == prep.packed.sizes[j];
       }
-      hashes.push_back(b.hash);
+      TORCH_CHECK(same, "flagos: ", L.fn->ref, "'s PTX entry takes ", b.entry_sizes.size(),
+                  " parameters, the Triton packing fills ", prep.packed.count,
+                  " (or their sizes differ)");
     }
-    return hashes;
+    hashes.push_back(b.hash);
   }
-  TORCH_CHECK(false, "flagos: planning ", aten_op, " did not converge");
+  return hashes;
 }
 
 }  // namespace torch_fl::flaggems
