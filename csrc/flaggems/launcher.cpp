@@ -374,7 +374,10 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
            " Triton kernel(s) no C++ description exports";
     return Verdict::kMismatch;
   }
-  if (static_cast<int>(cap.launches.size()) > plan.nlaunches) {
+  if (static_cast<int>(cap.launches.size()) != plan.nlaunches) {
+    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
+           std::to_string(plan.nlaunches);
+    if (static_cast<int>(cap.launches.size()) < plan.nlaunches) return Verdict::kMismatch;
     // The autotuner benchmarking (several launches of the planned kernels)?
     bool all_planned = true;
     for (const auto& L : cap.launches) {
@@ -382,14 +385,7 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
       for (int i = 0; i < plan.nlaunches; ++i) known |= L.fn_id == plan.launches[i].fn->id;
       all_planned &= known;
     }
-    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
-           std::to_string(plan.nlaunches);
     return all_planned ? Verdict::kInconclusive : Verdict::kMismatch;
-  }
-  if (static_cast<int>(cap.launches.size()) < plan.nlaunches) {
-    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
-           std::to_string(plan.nlaunches);
-    return Verdict::kMismatch;
   }
   std::vector<uint64_t> inputs;
   for (const auto& a : args) collect_pointers(a, &inputs);
@@ -442,22 +438,15 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
                (ca.spec_attr == abi::Attr::kDiv16 ? ":D" : ca.spec_attr == abi::Attr::kEmpty ? ":''" : "");
         return Verdict::kMismatch;
       }
+      // Pointers: the same element type here, the memory below; other
+      // values: equal.
       const abi::Value& cv = ca.value;
-      if (pv.kind != cv.kind) {
+      const bool ptr = pv.kind == abi::Kind::kPtr;
+      if (pv.kind != cv.kind || (ptr ? pv.elem != cv.elem : !(pv == cv))) {
         *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
         return Verdict::kMismatch;
       }
-      if (pv.kind != abi::Kind::kPtr) {
-        if (!(pv == cv)) {
-          *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
-          return Verdict::kMismatch;
-        }
-        continue;
-      }
-      if (pv.elem != cv.elem) {
-        *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
-        return Verdict::kMismatch;
-      }
+      if (!ptr) continue;
       // Pointer roles: an argument's memory must be the same memory; a result
       // the same result; anything else a temporary on both sides.
       if (is_input(pv.ptr)) {
