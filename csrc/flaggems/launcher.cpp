@@ -222,6 +222,20 @@ Settled settle(const OpDesc& d, Call& call, CallPlan& plan, Outcome* o) {
   return settle(d, call, plan, o, [](CallPlan&, Call&) { return false; });
 }
 
+// Runs `body` between the Python side's capture_begin and capture_end and
+// returns the capture (the capture ends when `body` throws, too).
+template <typename Body>
+Capture capture_of(PythonSide& side, Body&& body) {
+  side.capture_begin();
+  try {
+    body();
+  } catch (...) {
+    side.capture_end();
+    throw;
+  }
+  return side.capture_end();
+}
+
 Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex device,
                        const OpDesc& d) {
   if (disk::directory().empty()) return nullptr;
@@ -564,14 +578,7 @@ Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDe
             int64_t python_kernel, torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
   PythonSide* side = python_side();
   d.captured.fetch_add(1, std::memory_order_relaxed);
-  side->capture_begin();
-  try {
-    aten::run_python(op, oplan, stack, python_kernel);
-  } catch (...) {
-    side->capture_end();
-    throw;
-  }
-  Capture cap = side->capture_end();
+  Capture cap = capture_of(*side, [&] { aten::run_python(op, oplan, stack, python_kernel); });
   const size_t nret = oplan.num_returns;
   std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(nret), stack->end());
   learn_and_verify(d, args, cap, results, /*admit=*/true);
@@ -827,15 +834,8 @@ std::string check_against_capture(const std::string& aten_op, std::vector<c10::I
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PythonSide* side = python_side();
   TORCH_CHECK(side != nullptr, "flagos: the FlagGems Python side is not installed");
-  side->capture_begin();
   std::vector<c10::IValue> results;
-  try {
-    results = run_wrapper();
-  } catch (...) {
-    side->capture_end();
-    throw;
-  }
-  Capture cap = side->capture_end();
+  Capture cap = capture_of(*side, [&] { results = run_wrapper(); });
   return learn_and_verify(*d, args, cap, results, /*admit=*/false);
 }
 
