@@ -235,7 +235,6 @@ bool load(int device, const std::string& cubin, const std::string& name, uint32_
       return false;
     }
   }
-  out->module = mod;
   out->function = fn;
   return true;
 }

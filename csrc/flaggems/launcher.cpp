@@ -138,8 +138,8 @@ std::string unsupported(const KernelBinary& b) {
 
 // Makes `k` launchable with `b`; false (with *why) when the binary cannot be
 // loaded here.
-bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool verified,
-                c10::DeviceIndex device, const char* op, std::string* why) {
+bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, c10::DeviceIndex device,
+                const char* op, std::string* why) {
   std::lock_guard<std::mutex> lock(k->admit_mu);
   // Another thread may have admitted it meanwhile (slow paths release the GIL
   // inside FlagGems' wrappers): its fields are then read by launches already.
@@ -147,7 +147,6 @@ bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool ver
   *why = unsupported(b);
   if (!why->empty()) return false;
   k->binary = b;
-  k->verified = verified;
   k->count = prep.packed.count;
   for (int i = 0; i < prep.packed.count; ++i) k->sizes[i] = prep.packed.sizes[i];
   if (cuda::available()) {
@@ -167,7 +166,6 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(k->admit_mu);
     if (k->state.load(std::memory_order_acquire) != KernelState::kRetry) return;
-    k->pin_reason = why;
     k->state.store(KernelState::kPinned, std::memory_order_release);
   }
   count(kPinned);
@@ -183,8 +181,6 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
                                              "some arguments: its C++ plan differs (" + why +
                                              "). torch_fl.flaggems.cpp_stats() counts these.");
 }
-
-int arch_of(c10::DeviceIndex device) { return cuda::arch(device); }
 
 // Exports the FlagGems function a planner asked for (Outcome::kNeedExport),
 // so that it can plan again; false when that fails.
@@ -239,13 +235,13 @@ Capture capture_of(PythonSide& side, Body&& body) {
 Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex device,
                        const OpDesc& d) {
   if (disk::directory().empty()) return nullptr;
-  auto e = disk::load_kernel(disk::kernel_identity(*L.fn, arch_of(device), prep.key));
+  auto e = disk::load_kernel(disk::kernel_identity(*L.fn, cuda::arch(device), prep.key));
   if (!e) return nullptr;
   if (!e->verified && !g_stub_only.load()) return nullptr;  // compiled, not yet checked: capture
   Kernel* k = kernels().insert(prep.key);
   if (!k) return nullptr;
   std::string why;
-  if (!make_ready(k, e->binary, prep, e->verified, device, d.aten, &why)) return nullptr;
+  if (!make_ready(k, e->binary, prep, device, d.aten, &why)) return nullptr;
   count(kDiskKernels);
   return k;
 }
@@ -276,13 +272,13 @@ Kernel* compile(const Launch& L, const Prepared& prep, c10::DeviceIndex device, 
   Kernel* k = kernels().insert(prep.key);
   if (!k) return nullptr;
   std::string why;
-  if (!make_ready(k, b, prep, /*verified=*/false, device, d.aten, &why)) {
+  if (!make_ready(k, b, prep, device, d.aten, &why)) {
     warn_once("compile:" + std::string(d.aten), "FlagGems' " + L.fn->ref + " for " + d.aten +
                                                     " cannot be launched from C++: " + why);
     return nullptr;
   }
   count(kCompiled);
-  disk::store_kernel(disk::kernel_identity(*L.fn, arch_of(device), prep.key), {b, false});
+  disk::store_kernel(disk::kernel_identity(*L.fn, cuda::arch(device), prep.key), {b, false});
   return k;
 }
 
@@ -290,7 +286,7 @@ bool tuned_from_disk(CallPlan& plan, c10::DeviceIndex device) {
   TunerSlot* t = plan.need_tuner;
   const JitFn* fn = t->kernel->get();
   if (!fn || disk::directory().empty()) return false;
-  auto cfg = disk::load_tuned(disk::tuner_identity(*fn, arch_of(device), plan.tuner_key,
+  auto cfg = disk::load_tuned(disk::tuner_identity(*fn, cuda::arch(device), plan.tuner_key,
                                                    plan.tuner_key_len));
   if (!cfg) return false;
   t->table.insert(plan.tuner_key, plan.tuner_key_len, *cfg);
@@ -331,7 +327,7 @@ bool learn_tuned(CallPlan& plan, const Capture& cap, c10::DeviceIndex device) {
   t->table.insert(plan.tuner_key, plan.tuner_key_len, cfg);
   count(kTunedLearned);
   if (!disk::directory().empty()) {
-    disk::store_tuned(disk::tuner_identity(*fn, arch_of(device), plan.tuner_key,
+    disk::store_tuned(disk::tuner_identity(*fn, cuda::arch(device), plan.tuner_key,
                                            plan.tuner_key_len),
                       cfg);
   }
@@ -559,15 +555,14 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
       continue;
     }
     std::string bad;
-    if (!make_ready(k, cap.launches[i].binary, prep[i], /*verified=*/true, call.device(), d.aten,
-                    &bad)) {
+    if (!make_ready(k, cap.launches[i].binary, prep[i], call.device(), d.aten, &bad)) {
       pin(k, d, "FlagGems' kernel cannot be launched from C++: " + bad);
       continue;
     }
     count(kAdmitted);
     if (!disk::directory().empty()) {
       disk::store_kernel(
-          disk::kernel_identity(*plan.launches[i].fn, arch_of(call.device()), prep[i].key),
+          disk::kernel_identity(*plan.launches[i].fn, cuda::arch(call.device()), prep[i].key),
           {cap.launches[i].binary, true});
     }
   }
@@ -675,7 +670,6 @@ void install(const std::vector<std::string>& ops, const std::string& triton_vers
 }
 
 bool installed() noexcept { return g_installed.load(); }
-bool stub_only() noexcept { return g_stub_only.load(); }
 bool cpp_enabled() noexcept { return g_cpp.load(std::memory_order_relaxed); }
 void set_cpp_enabled(bool on) noexcept { g_cpp.store(on); }
 

@@ -30,14 +30,11 @@ struct Launch {
   uint8_t num_stages = 3;
   uint8_t n = 0;  // arguments written so far
   abi::Value args[abi::kMaxParams];
-  // Autotuned launches: the tuner the config came from (for verification).
-  const TunerSlot* tuner = nullptr;
 
   void start(const JitFn* f) noexcept {
     fn = f;
     n = 0;
   }
-  bool full() const noexcept { return n >= abi::kMaxParams; }
   void ptr(const at::Tensor& t) noexcept {
     args[n++] = abi::Value::pointer(reinterpret_cast<uint64_t>(t.data_ptr()),
                                     elem_type(t.scalar_type()));

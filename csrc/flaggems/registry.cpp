@@ -36,7 +36,6 @@ const JitFn* add_fn(const std::string& ref, ExportedFn&& e) {
   JitFn& fn = f.fns.emplace_back();
   fn.id = static_cast<uint16_t>(e.id);
   fn.ref = ref;
-  fn.name = std::move(e.name);
   fn.cache_key = std::move(e.cache_key);
   fn.names = std::move(e.names);
   fn.params = std::move(e.params);

@@ -25,7 +25,6 @@ namespace torch_fl::flaggems {
 struct JitFn {
   uint16_t id = 0;
   std::string ref;
-  std::string name;
   std::string cache_key;
   std::vector<std::string> names;
   std::vector<abi::ParamInfo> params;

@@ -95,6 +95,5 @@ struct PointwiseOp {
 
 enum class Reduce : uint8_t { kMean, kArgmax };
 enum class Softmax : uint8_t { kForward, kBackward, kLogForward, kLogBackward };
-enum class NllLoss : uint8_t { kForward, kBackward };
 
 }  // namespace torch_fl::flaggems::ops
