@@ -71,7 +71,7 @@ struct CallPlan {
   PointwiseSlot* need_pointwise = nullptr;
   int need_rank = 0;
   TunerSlot* need_tuner = nullptr;
-  int64_t tuner_key[12];
+  int64_t tuner_key[kMaxTunerKey];
   int tuner_key_len = 0;
 
   Launch& add_launch() noexcept { return launches[nlaunches++]; }

@@ -170,7 +170,7 @@ const TunedConfig* TunerTable::find(const int64_t* key, int n) const noexcept {
 }
 
 void TunerTable::insert(const int64_t* key, int n, const TunedConfig& cfg) {
-  TORCH_CHECK(n <= 12, "flagos: tuner key too long");
+  TORCH_CHECK(n <= kMaxTunerKey, "flagos: tuner key too long");
   std::lock_guard<std::mutex> lock(mu_);
   if (find(key, n)) return;
   const uint64_t h = tuner_hash(key, n);

@@ -60,6 +60,8 @@ struct PointwiseSlot {
 };
 
 inline constexpr int kMaxTuned = 6;
+// The longest tuner key (key arguments and tensor dtypes) a table holds.
+inline constexpr int kMaxTunerKey = 12;
 
 struct TunedConfig {
   int64_t values[kMaxTuned] = {};
@@ -75,7 +77,7 @@ class TunerTable {
  private:
   struct Entry {
     int n;
-    int64_t key[12];
+    int64_t key[kMaxTunerKey];
     TunedConfig cfg;
   };
   static constexpr int kCapacity = 1024;
