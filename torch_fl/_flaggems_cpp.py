@@ -155,8 +155,7 @@ def export_fn(ref: str) -> dict:
             obj = overload.__globals__[kernel]
         jit = _jit_function(obj)
         fn_id = _register(jit)
-        return {"id": fn_id, "name": jit.__name__, "cache_key": jit.cache_key,
-                "params": _params(jit)}
+        return {"id": fn_id, "cache_key": jit.cache_key, "params": _params(jit)}
     except Exception as e:  # noqa: BLE001  (reported by C++, which keeps the op on Python)
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -10,9 +10,10 @@
 #include "flaggems/triton_abi.h"
 
 #ifdef FLAGOS_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+
+#include "runtime/cuda_bridge.h"
 #endif
 
 namespace torch_fl::flaggems::cuda {
@@ -137,6 +138,12 @@ int device_attribute(int device, cudaDeviceAttr attr) {
   return v;
 }
 
+// The current stream of `device` (torch_fl's stream, which is PyTorch's CUDA one).
+cudaStream_t current_stream(int device) {
+  return static_cast<cudaStream_t>(
+      torch_fl::runtime::cuda::current_stream_handle(static_cast<c10::DeviceIndex>(device)));
+}
+
 }  // namespace
 
 bool available() { return dry_run() || driver().ok; }
@@ -235,7 +242,6 @@ bool load(int device, const std::string& cubin, const std::string& name, uint32_
       return false;
     }
   }
-  out->module = mod;
   out->function = fn;
   return true;
 }
@@ -253,7 +259,7 @@ const char* launch(int device, void* function, const uint32_t grid[3], int num_w
   config.blockDimY = 1;
   config.blockDimZ = 1;
   config.sharedMemBytes = shared;
-  config.hStream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  config.hStream = current_stream(device);
   config.attrs = nullptr;
   config.numAttrs = 0;
   CUresult r = d.launch_kernel_ex(&config, static_cast<CUfunction>(function), params, nullptr);
@@ -262,8 +268,7 @@ const char* launch(int device, void* function, const uint32_t grid[3], int num_w
 
 void memset_zero(int device, void* ptr, size_t nbytes) {
   if (nbytes == 0) return;
-  cudaStream_t s = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  cudaError_t err = cudaMemsetAsync(ptr, 0, nbytes, s);
+  cudaError_t err = cudaMemsetAsync(ptr, 0, nbytes, current_stream(device));
   TORCH_CHECK(err == cudaSuccess, "flagos: cudaMemsetAsync failed: ", cudaGetErrorString(err));
 }
 

@@ -27,9 +27,8 @@ int arch(int device);
 int sm_count(int device);
 void override_device(int arch, int sm_count);
 
-// A loaded kernel: one CUmodule + CUfunction per device.
+// A loaded kernel: its CUfunction (the CUmodule stays loaded for the process).
 struct Loaded {
-  void* module = nullptr;
   void* function = nullptr;
 };
 

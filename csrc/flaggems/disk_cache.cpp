@@ -71,8 +71,13 @@ std::string path_for(const std::string& kind, const std::string& identity) {
 }
 
 // ---- a tiny length-prefixed format ----
-void put_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
-void put_i64(std::string& out, int64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+// Fixed-size values in host byte order; strings as a u32 length and the bytes.
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+void put_u32(std::string& out, uint32_t v) { put(out, v); }
+void put_i64(std::string& out, int64_t v) { put(out, v); }
 void put_str(std::string& out, const std::string& s) {
   put_u32(out, static_cast<uint32_t>(s.size()));
   out += s;
@@ -82,26 +87,19 @@ struct Reader {
   const std::string& s;
   size_t pos = 0;
   bool ok = true;
-  uint32_t u32() {
-    uint32_t v = 0;
-    if (pos + 4 > s.size()) {
+  template <typename T>
+  T get() {
+    T v{};
+    if (pos + sizeof v > s.size()) {
       ok = false;
-      return 0;
+      return T{};
     }
-    std::memcpy(&v, s.data() + pos, 4);
-    pos += 4;
+    std::memcpy(&v, s.data() + pos, sizeof v);
+    pos += sizeof v;
     return v;
   }
-  int64_t i64() {
-    int64_t v = 0;
-    if (pos + 8 > s.size()) {
-      ok = false;
-      return 0;
-    }
-    std::memcpy(&v, s.data() + pos, 8);
-    pos += 8;
-    return v;
-  }
+  uint32_t u32() { return get<uint32_t>(); }
+  int64_t i64() { return get<int64_t>(); }
   std::string str() {
     uint32_t n = u32();
     if (!ok || pos + n > s.size()) {

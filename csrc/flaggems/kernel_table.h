@@ -24,8 +24,6 @@ struct Kernel {
   std::atomic<KernelState> state{KernelState::kRetry};
   std::atomic<int> attempts{0};
   KernelBinary binary;
-  bool verified = false;  // admitted after a capture matched (not just compiled)
-  std::string pin_reason;
   uint8_t sizes[abi::kMaxParams + abi::kScratchParams];
   int count = 0;  // packed parameters (for the load-time check)
   std::mutex load_mu;   // loading per device

@@ -29,16 +29,23 @@ std::atomic<bool> g_stub_only{false};
 std::atomic<bool> g_cpp{true};
 std::atomic<bool> g_strict{false};
 
+// Launches, captures and declines are counted per op (OpDesc) only: stats()
+// sums them.
 enum Counter {
-  kLaunched, kCaptures, kAdmitted, kPinned, kRetried, kDiskKernels, kDiskTuned, kCompiled,
-  kTunedLearned, kDeclined, kNumCounters
+  kAdmitted, kPinned, kRetried, kDiskKernels, kDiskTuned, kCompiled, kTunedLearned, kNumCounters
 };
 constexpr const char* kCounterNames[] = {
-    "launched", "captures", "admitted", "pinned", "retried", "disk_kernels", "disk_tuned",
-    "compiled", "tuned_learned", "declined"};
+    "admitted", "pinned", "retried", "disk_kernels", "disk_tuned", "compiled", "tuned_learned"};
 std::array<std::atomic<uint64_t>, kNumCounters> g_counters{};
 
 void count(Counter c) { g_counters[c].fetch_add(1, std::memory_order_relaxed); }
+
+// A call the plan could not serve (the planner declined, or its arguments do
+// not fit Triton's types).
+Ran declined(const OpDesc& d) {
+  d.declined.fetch_add(1, std::memory_order_relaxed);
+  return Ran::kNotServed;
+}
 
 struct Tables {
   std::mutex mu;
@@ -131,8 +138,8 @@ std::string unsupported(const KernelBinary& b) {
 
 // Makes `k` launchable with `b`; false (with *why) when the binary cannot be
 // loaded here.
-bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool verified,
-                c10::DeviceIndex device, const char* op, std::string* why) {
+bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, c10::DeviceIndex device,
+                const char* op, std::string* why) {
   std::lock_guard<std::mutex> lock(k->admit_mu);
   // Another thread may have admitted it meanwhile (slow paths release the GIL
   // inside FlagGems' wrappers): its fields are then read by launches already.
@@ -140,7 +147,6 @@ bool make_ready(Kernel* k, const KernelBinary& b, const Prepared& prep, bool ver
   *why = unsupported(b);
   if (!why->empty()) return false;
   k->binary = b;
-  k->verified = verified;
   k->count = prep.packed.count;
   for (int i = 0; i < prep.packed.count; ++i) k->sizes[i] = prep.packed.sizes[i];
   if (cuda::available()) {
@@ -160,7 +166,6 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(k->admit_mu);
     if (k->state.load(std::memory_order_acquire) != KernelState::kRetry) return;
-    k->pin_reason = why;
     k->state.store(KernelState::kPinned, std::memory_order_release);
   }
   count(kPinned);
@@ -177,8 +182,6 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
                                              "). torch_fl.flaggems.cpp_stats() counts these.");
 }
 
-int arch_of(c10::DeviceIndex device) { return cuda::arch(device); }
-
 // Exports the FlagGems function a planner asked for (Outcome::kNeedExport),
 // so that it can plan again; false when that fails.
 bool export_needed(const CallPlan& plan) {
@@ -187,16 +190,58 @@ bool export_needed(const CallPlan& plan) {
   return false;
 }
 
+enum class Settled : uint8_t { kOutcome, kExportFailed, kNoConvergence };
+
+// Plans `d` on the arguments of `call` until the planner's outcome is final:
+// the exports it asks for are done here (Outcome::kNeedExport), the autotuner
+// configs by `tune` (Outcome::kNeedTuning; true: it supplied one, plan
+// again). The last round's outcome goes to *o, its plan to `plan`, and
+// `call` is that round's.
+template <typename Tune>
+Settled settle(const OpDesc& d, Call& call, CallPlan& plan, Outcome* o, Tune&& tune) {
+  const Call fresh = call;
+  for (int round = 0; round < 8; ++round) {
+    call = fresh;
+    plan = CallPlan();
+    *o = d.planner(d, call, plan);
+    if (*o == Outcome::kNeedExport) {
+      if (!export_needed(plan)) return Settled::kExportFailed;
+      continue;
+    }
+    if (*o == Outcome::kNeedTuning && tune(plan, call)) continue;
+    return Settled::kOutcome;
+  }
+  return Settled::kNoConvergence;
+}
+
+Settled settle(const OpDesc& d, Call& call, CallPlan& plan, Outcome* o) {
+  return settle(d, call, plan, o, [](CallPlan&, Call&) { return false; });
+}
+
+// Runs `body` between the Python side's capture_begin and capture_end and
+// returns the capture (the capture ends when `body` throws, too).
+template <typename Body>
+Capture capture_of(PythonSide& side, Body&& body) {
+  side.capture_begin();
+  try {
+    body();
+  } catch (...) {
+    side.capture_end();
+    throw;
+  }
+  return side.capture_end();
+}
+
 Kernel* load_from_disk(const Launch& L, const Prepared& prep, c10::DeviceIndex device,
                        const OpDesc& d) {
   if (disk::directory().empty()) return nullptr;
-  auto e = disk::load_kernel(disk::kernel_identity(*L.fn, arch_of(device), prep.key));
+  auto e = disk::load_kernel(disk::kernel_identity(*L.fn, cuda::arch(device), prep.key));
   if (!e) return nullptr;
   if (!e->verified && !g_stub_only.load()) return nullptr;  // compiled, not yet checked: capture
   Kernel* k = kernels().insert(prep.key);
   if (!k) return nullptr;
   std::string why;
-  if (!make_ready(k, e->binary, prep, e->verified, device, d.aten, &why)) return nullptr;
+  if (!make_ready(k, e->binary, prep, device, d.aten, &why)) return nullptr;
   count(kDiskKernels);
   return k;
 }
@@ -227,13 +272,13 @@ Kernel* compile(const Launch& L, const Prepared& prep, c10::DeviceIndex device, 
   Kernel* k = kernels().insert(prep.key);
   if (!k) return nullptr;
   std::string why;
-  if (!make_ready(k, b, prep, /*verified=*/false, device, d.aten, &why)) {
+  if (!make_ready(k, b, prep, device, d.aten, &why)) {
     warn_once("compile:" + std::string(d.aten), "FlagGems' " + L.fn->ref + " for " + d.aten +
                                                     " cannot be launched from C++: " + why);
     return nullptr;
   }
   count(kCompiled);
-  disk::store_kernel(disk::kernel_identity(*L.fn, arch_of(device), prep.key), {b, false});
+  disk::store_kernel(disk::kernel_identity(*L.fn, cuda::arch(device), prep.key), {b, false});
   return k;
 }
 
@@ -241,7 +286,7 @@ bool tuned_from_disk(CallPlan& plan, c10::DeviceIndex device) {
   TunerSlot* t = plan.need_tuner;
   const JitFn* fn = t->kernel->get();
   if (!fn || disk::directory().empty()) return false;
-  auto cfg = disk::load_tuned(disk::tuner_identity(*fn, arch_of(device), plan.tuner_key,
+  auto cfg = disk::load_tuned(disk::tuner_identity(*fn, cuda::arch(device), plan.tuner_key,
                                                    plan.tuner_key_len));
   if (!cfg) return false;
   t->table.insert(plan.tuner_key, plan.tuner_key_len, *cfg);
@@ -282,7 +327,7 @@ bool learn_tuned(CallPlan& plan, const Capture& cap, c10::DeviceIndex device) {
   t->table.insert(plan.tuner_key, plan.tuner_key_len, cfg);
   count(kTunedLearned);
   if (!disk::directory().empty()) {
-    disk::store_tuned(disk::tuner_identity(*fn, arch_of(device), plan.tuner_key,
+    disk::store_tuned(disk::tuner_identity(*fn, cuda::arch(device), plan.tuner_key,
                                            plan.tuner_key_len),
                       cfg);
   }
@@ -339,7 +384,10 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
            " Triton kernel(s) no C++ description exports";
     return Verdict::kMismatch;
   }
-  if (static_cast<int>(cap.launches.size()) > plan.nlaunches) {
+  if (static_cast<int>(cap.launches.size()) != plan.nlaunches) {
+    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
+           std::to_string(plan.nlaunches);
+    if (static_cast<int>(cap.launches.size()) < plan.nlaunches) return Verdict::kMismatch;
     // The autotuner benchmarking (several launches of the planned kernels)?
     bool all_planned = true;
     for (const auto& L : cap.launches) {
@@ -347,14 +395,7 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
       for (int i = 0; i < plan.nlaunches; ++i) known |= L.fn_id == plan.launches[i].fn->id;
       all_planned &= known;
     }
-    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
-           std::to_string(plan.nlaunches);
     return all_planned ? Verdict::kInconclusive : Verdict::kMismatch;
-  }
-  if (static_cast<int>(cap.launches.size()) < plan.nlaunches) {
-    *why = "FlagGems launched " + std::to_string(cap.launches.size()) + " kernels, the plan has " +
-           std::to_string(plan.nlaunches);
-    return Verdict::kMismatch;
   }
   std::vector<uint64_t> inputs;
   for (const auto& a : args) collect_pointers(a, &inputs);
@@ -407,22 +448,15 @@ Verdict compare(const CallPlan& plan, const Capture& cap, const std::vector<c10:
                (ca.spec_attr == abi::Attr::kDiv16 ? ":D" : ca.spec_attr == abi::Attr::kEmpty ? ":''" : "");
         return Verdict::kMismatch;
       }
+      // Pointers: the same element type here, the memory below; other
+      // values: equal.
       const abi::Value& cv = ca.value;
-      if (pv.kind != cv.kind) {
+      const bool ptr = pv.kind == abi::Kind::kPtr;
+      if (pv.kind != cv.kind || (ptr ? pv.elem != cv.elem : !(pv == cv))) {
         *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
         return Verdict::kMismatch;
       }
-      if (pv.kind != abi::Kind::kPtr) {
-        if (!(pv == cv)) {
-          *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
-          return Verdict::kMismatch;
-        }
-        continue;
-      }
-      if (pv.elem != cv.elem) {
-        *why = arg + ": planned " + value_text(pv) + ", FlagGems " + value_text(cv);
-        return Verdict::kMismatch;
-      }
+      if (!ptr) continue;
       // Pointer roles: an argument's memory must be the same memory; a result
       // the same result; anything else a temporary on both sides.
       if (is_input(pv.ptr)) {
@@ -487,74 +521,59 @@ std::string learn_and_verify(const OpDesc& d, std::vector<c10::IValue>& args, co
     }
     return "the capture failed: " + cap.error;
   }
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d.planner(d, call, plan);
-    if (o == Outcome::kDecline) return "the planner declines these arguments";
-    if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) return "a FlagGems function could not be exported";
-      continue;
-    }
-    if (o == Outcome::kNeedTuning) {
-      if (!learn_tuned(plan, cap, call.device())) {
-        count(kRetried);
-        return "the capture holds no single launch of the autotuned kernel (autotuning?)";
-      }
-      continue;
-    }
-    Prepared prep[kMaxLaunches];
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      if (!prepare(plan.launches[i], prep[i])) return "the plan's arguments do not fit Triton's types";
-    }
-    std::string why;
-    const Verdict v = compare(plan, cap, args, py_results, &why);
-    if (!admit) return v == Verdict::kMatch ? "" : why;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      Kernel* k = kernels().insert(prep[i].key);
-      if (!k || k->state.load() == KernelState::kReady) continue;
-      if (v == Verdict::kMismatch) {
-        pin(k, d, why);
-        continue;
-      }
-      if (v == Verdict::kInconclusive) {
-        count(kRetried);
-        if (k->attempts.fetch_add(1) + 1 >= 3) pin(k, d, why + " (3 captures)");
-        continue;
-      }
-      std::string bad;
-      if (!make_ready(k, cap.launches[i].binary, prep[i], /*verified=*/true, call.device(), d.aten,
-                      &bad)) {
-        pin(k, d, "FlagGems' kernel cannot be launched from C++: " + bad);
-        continue;
-      }
-      count(kAdmitted);
-      if (!disk::directory().empty()) {
-        disk::store_kernel(
-            disk::kernel_identity(*plan.launches[i].fn, arch_of(call.device()), prep[i].key),
-            {cap.launches[i].binary, true});
-      }
-    }
-    return v == Verdict::kMatch ? "" : why;
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled s = settle(d, call, plan, &o, [&](CallPlan& p, Call& c) {
+    return learn_tuned(p, cap, c.device());
+  });
+  if (s == Settled::kExportFailed) return "a FlagGems function could not be exported";
+  if (s == Settled::kNoConvergence) return "planning did not converge";
+  if (o == Outcome::kDecline) return "the planner declines these arguments";
+  if (o == Outcome::kNative) return "FlagGems fails on these arguments: native serves them";
+  if (o == Outcome::kNeedTuning) {
+    count(kRetried);
+    return "the capture holds no single launch of the autotuned kernel (autotuning?)";
   }
-  return "planning did not converge";
+  Prepared prep[kMaxLaunches];
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    if (!prepare(plan.launches[i], prep[i])) return "the plan's arguments do not fit Triton's types";
+  }
+  std::string why;
+  const Verdict v = compare(plan, cap, args, py_results, &why);
+  if (!admit) return v == Verdict::kMatch ? "" : why;
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    Kernel* k = kernels().insert(prep[i].key);
+    if (!k || k->state.load() == KernelState::kReady) continue;
+    if (v == Verdict::kMismatch) {
+      pin(k, d, why);
+      continue;
+    }
+    if (v == Verdict::kInconclusive) {
+      count(kRetried);
+      if (k->attempts.fetch_add(1) + 1 >= 3) pin(k, d, why + " (3 captures)");
+      continue;
+    }
+    std::string bad;
+    if (!make_ready(k, cap.launches[i].binary, prep[i], call.device(), d.aten, &bad)) {
+      pin(k, d, "FlagGems' kernel cannot be launched from C++: " + bad);
+      continue;
+    }
+    count(kAdmitted);
+    if (!disk::directory().empty()) {
+      disk::store_kernel(
+          disk::kernel_identity(*plan.launches[i].fn, cuda::arch(call.device()), prep[i].key),
+          {cap.launches[i].binary, true});
+    }
+  }
+  return v == Verdict::kMatch ? "" : why;
 }
 
 Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& d,
             int64_t python_kernel, torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
   PythonSide* side = python_side();
-  count(kCaptures);
   d.captured.fetch_add(1, std::memory_order_relaxed);
-  side->capture_begin();
-  try {
-    aten::run_python(op, oplan, stack, python_kernel);
-  } catch (...) {
-    side->capture_end();
-    throw;
-  }
-  Capture cap = side->capture_end();
+  Capture cap = capture_of(*side, [&] { aten::run_python(op, oplan, stack, python_kernel); });
   const size_t nret = oplan.num_returns;
   std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(nret), stack->end());
   learn_and_verify(d, args, cap, results, /*admit=*/true);
@@ -566,60 +585,41 @@ Ran slow_locked(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const 
   const size_t n = oplan.num_arguments;
   const size_t base = stack->size() - n;
   std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(n));
-    CallPlan plan;
-    const Outcome o = d.planner(d, call, plan);
-    if (o == Outcome::kDecline) break;
-    if (o == Outcome::kNative) return Ran::kNative;
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) break;
+  Call call(args.data(), static_cast<int>(n));
+  CallPlan plan;
+  Outcome o;
+  const Settled settled = settle(d, call, plan, &o, [](CallPlan& p, Call& c) {
+    return tuned_from_disk(p, c.device());
+  });
+  if (settled != Settled::kOutcome || o == Outcome::kDecline) return declined(d);
+  if (o == Outcome::kNative) return Ran::kNative;
+  if (o == Outcome::kNeedTuning) {
+    if (g_stub_only.load()) return declined(d);  // no wrapper to learn FlagGems' choice from
+    return capture(op, oplan, d, python_kernel, stack, args);
+  }
+  Prepared prep[kMaxLaunches];
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    if (!prepare(plan.launches[i], prep[i])) return declined(d);
+    Kernel* k = kernels().find(prep[i].key);
+    const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
+    if (k && s == KernelState::kPinned) return Ran::kNotServed;
+    if (k && s == KernelState::kReady) {
+      prep[i].kernel = k;
       continue;
     }
-    if (o == Outcome::kNeedTuning) {
-      if (tuned_from_disk(plan, call.device())) continue;
-      if (g_stub_only.load()) break;  // no wrapper to learn FlagGems' choice from
-      return capture(op, oplan, d, python_kernel, stack, args);
+    if (Kernel* from_disk = load_from_disk(plan.launches[i], prep[i], call.device(), d)) {
+      prep[i].kernel = from_disk;
+      continue;
     }
-    Prepared prep[kMaxLaunches];
-    bool need_capture = false;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      if (!prepare(plan.launches[i], prep[i])) {
-        d.declined.fetch_add(1, std::memory_order_relaxed);
-        count(kDeclined);
-        return Ran::kNotServed;
-      }
-      Kernel* k = kernels().find(prep[i].key);
-      const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
-      if (k && s == KernelState::kPinned) return Ran::kNotServed;
-      if (k && s == KernelState::kReady) {
-        prep[i].kernel = k;
-        continue;
-      }
-      if (Kernel* from_disk = load_from_disk(plan.launches[i], prep[i], call.device(), d)) {
-        prep[i].kernel = from_disk;
-        continue;
-      }
-      if (g_stub_only.load()) {
-        Kernel* compiled = compile(plan.launches[i], prep[i], call.device(), d);
-        if (!compiled) return Ran::kNotServed;
-        prep[i].kernel = compiled;
-        continue;
-      }
-      need_capture = true;
-      break;
-    }
-    if (need_capture) return capture(op, oplan, d, python_kernel, stack, args);
-    launch_all(d, call.device(), plan, prep);
-    finish(stack, base, plan);
-    d.launched.fetch_add(1, std::memory_order_relaxed);
-    count(kLaunched);
-    return Ran::kCpp;
+    if (!g_stub_only.load()) return capture(op, oplan, d, python_kernel, stack, args);
+    Kernel* compiled = compile(plan.launches[i], prep[i], call.device(), d);
+    if (!compiled) return Ran::kNotServed;
+    prep[i].kernel = compiled;
   }
-  d.declined.fetch_add(1, std::memory_order_relaxed);
-  count(kDeclined);
-  return Ran::kNotServed;
+  launch_all(d, call.device(), plan, prep);
+  finish(stack, base, plan);
+  d.launched.fetch_add(1, std::memory_order_relaxed);
+  return Ran::kCpp;
 }
 
 }  // namespace
@@ -670,7 +670,6 @@ void install(const std::vector<std::string>& ops, const std::string& triton_vers
 }
 
 bool installed() noexcept { return g_installed.load(); }
-bool stub_only() noexcept { return g_stub_only.load(); }
 bool cpp_enabled() noexcept { return g_cpp.load(std::memory_order_relaxed); }
 void set_cpp_enabled(bool on) noexcept { g_cpp.store(on); }
 
@@ -693,29 +692,20 @@ std::vector<std::string> described_ops() {
 
 // Hot path: plan, specialize, find every kernel, launch. Anything else (a
 // decline, a kernel not known yet, a pinned key) leaves it.
-Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& desc,
+Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& d,
         int64_t python_kernel, torch::jit::Stack* stack) {
-  const OpDesc* d = &desc;
   if (t_in_slow_path) return Ran::kNotServed;
   const size_t base = stack->size() - oplan.num_arguments;
   Call call(stack->data() + base, oplan.num_arguments);
   CallPlan p;
-  const Outcome o = d->planner(*d, call, p);
+  const Outcome o = d.planner(d, call, p);
   if (o == Outcome::kNative) return Ran::kNative;
-  if (o == Outcome::kDecline) {
-    d->declined.fetch_add(1, std::memory_order_relaxed);
-    count(kDeclined);
-    return Ran::kNotServed;
-  }
+  if (o == Outcome::kDecline) return declined(d);
   if (o == Outcome::kPlanned) {
     Prepared prep[kMaxLaunches];
     bool hit = true;
     for (int i = 0; i < p.nlaunches; ++i) {
-      if (!prepare(p.launches[i], prep[i])) {
-        d->declined.fetch_add(1, std::memory_order_relaxed);
-        count(kDeclined);
-        return Ran::kNotServed;
-      }
+      if (!prepare(p.launches[i], prep[i])) return declined(d);
       Kernel* k = kernels().find(prep[i].key);
       const KernelState s = k ? k->state.load(std::memory_order_acquire) : KernelState::kRetry;
       if (s == KernelState::kPinned) return Ran::kNotServed;
@@ -726,10 +716,9 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
       prep[i].kernel = k;
     }
     if (hit) {
-      launch_all(*d, call.device(), p, prep);
+      launch_all(d, call.device(), p, prep);
       finish(stack, base, p);
-      d->launched.fetch_add(1, std::memory_order_relaxed);
-      count(kLaunched);
+      d.launched.fetch_add(1, std::memory_order_relaxed);
       return Ran::kCpp;
     }
   }
@@ -738,14 +727,25 @@ Ran run(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDesc& 
   Ran ran = Ran::kNotServed;
   side->with_gil([&] {
     SlowPathScope scope;
-    ran = slow_locked(op, oplan, *d, python_kernel, stack);
+    ran = slow_locked(op, oplan, d, python_kernel, stack);
   });
   return ran;
 }
 
 std::vector<std::pair<std::string, uint64_t>> stats() {
+  uint64_t launches = 0, captures = 0, declines = 0;
+  size_t n = 0;
+  const OpDesc* ops = op_table(&n);
+  for (size_t i = 0; i < n; ++i) {
+    launches += ops[i].launched.load();
+    captures += ops[i].captured.load();
+    declines += ops[i].declined.load();
+  }
   std::vector<std::pair<std::string, uint64_t>> out;
+  out.emplace_back("launched", launches);
+  out.emplace_back("captures", captures);
   for (int i = 0; i < kNumCounters; ++i) out.emplace_back(kCounterNames[i], g_counters[i].load());
+  out.emplace_back("declined", declines);
   out.emplace_back("kernels", kernels().size());
   return out;
 }
@@ -784,30 +784,21 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
   OpDesc* d = find_desc(aten_op);
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PlanReport report;
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d->planner(*d, call, plan);
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      if (!ok) {
-        report.outcome = "export-failed";
-        return report;
-      }
-      continue;
-    }
-    if (o == Outcome::kDecline) {
-      report.outcome = "decline";
-      return report;
-    }
-    if (o == Outcome::kNative) {
-      report.outcome = "native";
-      return report;
-    }
-    if (o == Outcome::kNeedTuning) {
-      report.outcome = "need-tuning";
-      return report;
-    }
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled settled = settle(*d, call, plan, &o);
+  if (settled != Settled::kOutcome) {
+    report.outcome = settled == Settled::kExportFailed ? "export-failed" : "no-convergence";
+    return report;
+  }
+  if (o == Outcome::kDecline) {
+    report.outcome = "decline";
+  } else if (o == Outcome::kNative) {
+    report.outcome = "native";
+  } else if (o == Outcome::kNeedTuning) {
+    report.outcome = "need-tuning";
+  } else {
     report.outcome = "planned";
     for (int i = 0; i < plan.nlaunches; ++i) {
       const Launch& L = plan.launches[i];
@@ -827,9 +818,7 @@ PlanReport plan_only(const std::string& aten_op, std::vector<c10::IValue> args) 
       report.launches.push_back(std::move(pl));
     }
     report.results = result_texts(plan);
-    return report;
   }
-  report.outcome = "no-convergence";
   return report;
 }
 
@@ -839,15 +828,8 @@ std::string check_against_capture(const std::string& aten_op, std::vector<c10::I
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PythonSide* side = python_side();
   TORCH_CHECK(side != nullptr, "flagos: the FlagGems Python side is not installed");
-  side->capture_begin();
   std::vector<c10::IValue> results;
-  try {
-    results = run_wrapper();
-  } catch (...) {
-    side->capture_end();
-    throw;
-  }
-  Capture cap = side->capture_end();
+  Capture cap = capture_of(*side, [&] { results = run_wrapper(); });
   return learn_and_verify(*d, args, cap, results, /*admit=*/false);
 }
 
@@ -860,38 +842,34 @@ std::vector<std::string> compile_plan(const std::string& aten_op, std::vector<c1
   TORCH_CHECK_VALUE(d != nullptr, "no C++ description for '", aten_op, "'");
   PythonSide* side = python_side();
   TORCH_CHECK(side != nullptr, "flagos: the FlagGems Python side is not installed");
-  for (int round = 0; round < 8; ++round) {
-    Call call(args.data(), static_cast<int>(args.size()));
-    CallPlan plan;
-    const Outcome o = d->planner(*d, call, plan);
-    if (o == Outcome::kNeedExport) {
-      const bool ok = export_needed(plan);
-      TORCH_CHECK(ok, "flagos: exporting a FlagGems function for ", aten_op, " failed");
-      continue;
-    }
-    TORCH_CHECK(o == Outcome::kPlanned, "flagos: ", aten_op, " is not planned for these arguments");
-    std::vector<std::string> hashes;
-    for (int i = 0; i < plan.nlaunches; ++i) {
-      const Launch& L = plan.launches[i];
-      Prepared prep;
-      TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
-      std::string error;
-      KernelBinary b = side->compile(compile_request(L, prep), &error);
-      TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
-      if (!b.entry_sizes.empty()) {
-        bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;
-        for (int j = 0; same && j < prep.packed.count; ++j) {
-          same = b.entry_sizes[j] == prep.packed.sizes[j];
-        }
-        TORCH_CHECK(same, "flagos: ", L.fn->ref, "'s PTX entry takes ", b.entry_sizes.size(),
-                    " parameters, the Triton packing fills ", prep.packed.count,
-                    " (or their sizes differ)");
+  Call call(args.data(), static_cast<int>(args.size()));
+  CallPlan plan;
+  Outcome o;
+  const Settled s = settle(*d, call, plan, &o);
+  TORCH_CHECK(s != Settled::kExportFailed, "flagos: exporting a FlagGems function for ", aten_op,
+              " failed");
+  TORCH_CHECK(s != Settled::kNoConvergence, "flagos: planning ", aten_op, " did not converge");
+  TORCH_CHECK(o == Outcome::kPlanned, "flagos: ", aten_op, " is not planned for these arguments");
+  std::vector<std::string> hashes;
+  for (int i = 0; i < plan.nlaunches; ++i) {
+    const Launch& L = plan.launches[i];
+    Prepared prep;
+    TORCH_CHECK(prepare(L, prep), "flagos: the plan's arguments do not fit Triton's types");
+    std::string error;
+    KernelBinary b = side->compile(compile_request(L, prep), &error);
+    TORCH_CHECK(error.empty(), "flagos: compiling ", L.fn->ref, " failed: ", error);
+    if (!b.entry_sizes.empty()) {
+      bool same = static_cast<int>(b.entry_sizes.size()) == prep.packed.count;
+      for (int j = 0; same && j < prep.packed.count; ++j) {
+        same = b.entry_sizes[j] == prep.packed.sizes[j];
       }
-      hashes.push_back(b.hash);
+      TORCH_CHECK(same, "flagos: ", L.fn->ref, "'s PTX entry takes ", b.entry_sizes.size(),
+                  " parameters, the Triton packing fills ", prep.packed.count,
+                  " (or their sizes differ)");
     }
-    return hashes;
+    hashes.push_back(b.hash);
   }
-  TORCH_CHECK(false, "flagos: planning ", aten_op, " did not converge");
+  return hashes;
 }
 
 }  // namespace torch_fl::flaggems

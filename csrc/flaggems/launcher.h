@@ -43,7 +43,6 @@ struct OpDesc;
 void install(const std::vector<std::string>& ops, const std::string& triton_version,
              bool stub_only);
 bool installed() noexcept;
-bool stub_only() noexcept;
 
 // FLAGOS_FLAGGEMS_CPP (default on) and its runtime switch (tests compare both
 // paths in one process).

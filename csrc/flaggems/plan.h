@@ -30,14 +30,11 @@ struct Launch {
   uint8_t num_stages = 3;
   uint8_t n = 0;  // arguments written so far
   abi::Value args[abi::kMaxParams];
-  // Autotuned launches: the tuner the config came from (for verification).
-  const TunerSlot* tuner = nullptr;
 
   void start(const JitFn* f) noexcept {
     fn = f;
     n = 0;
   }
-  bool full() const noexcept { return n >= abi::kMaxParams; }
   void ptr(const at::Tensor& t) noexcept {
     args[n++] = abi::Value::pointer(reinterpret_cast<uint64_t>(t.data_ptr()),
                                     elem_type(t.scalar_type()));
@@ -74,7 +71,7 @@ struct CallPlan {
   PointwiseSlot* need_pointwise = nullptr;
   int need_rank = 0;
   TunerSlot* need_tuner = nullptr;
-  int64_t tuner_key[12];
+  int64_t tuner_key[kMaxTunerKey];
   int tuner_key_len = 0;
 
   Launch& add_launch() noexcept { return launches[nlaunches++]; }

@@ -21,7 +21,6 @@ namespace torch_fl::flaggems {
 struct ExportedFn {
   int id = -1;             // Python's index for the function; -1: not exported
   std::string error;       // why not
-  std::string name;        // the kernel's name (its PTX entry)
   std::string cache_key;   // JITFunction.cache_key: source and dependencies
   std::vector<std::string> names;
   std::vector<abi::ParamInfo> params;

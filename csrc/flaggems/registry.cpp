@@ -36,7 +36,6 @@ const JitFn* add_fn(const std::string& ref, ExportedFn&& e) {
   JitFn& fn = f.fns.emplace_back();
   fn.id = static_cast<uint16_t>(e.id);
   fn.ref = ref;
-  fn.name = std::move(e.name);
   fn.cache_key = std::move(e.cache_key);
   fn.names = std::move(e.names);
   fn.params = std::move(e.params);
@@ -88,70 +87,68 @@ void set_triton_version(std::string v) {
 
 const std::string& triton_version() { return functions().triton_version; }
 
-bool resolve(KernelSlot& slot) {
-  SlotState s = slot.state.load(std::memory_order_acquire);
+namespace {
+
+constexpr const char* kOnPython = "; its operators run through FlagGems' Python wrappers";
+
+// One export: unless `state` says it was tried already, asks the Python side
+// through `attempt`, which stores what it exported and returns "", or returns
+// what failed (warned once, after "FlagGems' <ref> ").
+template <typename Attempt>
+bool resolve_once(std::atomic<SlotState>& state, const std::string& ref, Attempt&& attempt) {
+  const SlotState s = state.load(std::memory_order_acquire);
   if (s != SlotState::kUnresolved) return s == SlotState::kReady;
   PythonSide* side = python_side();
   if (!side) return false;
-  std::string ref = std::string(slot.module) + ":" + slot.qualname;
-  ExportedFn e = side->export_fn(ref);
-  if (e.id < 0) {
-    warn_once("export:" + ref, "FlagGems' " + ref + " cannot be launched from C++ (" + e.error +
-                                   "); its operators run through FlagGems' Python wrappers");
-    slot.state.store(SlotState::kFailed);
+  const std::string failure = attempt(*side);
+  if (!failure.empty()) {
+    warn_once("export:" + ref, "FlagGems' " + ref + " " + failure);
+    state.store(SlotState::kFailed);
     return false;
   }
-  const JitFn* fn = add_fn(ref, std::move(e));
-  std::string why;
-  if (!names_match(*fn, slot.names, &why)) {
-    warn_once("export:" + ref, "FlagGems' " + ref + " " + why +
-                                   " (another FlagGems version?); its operators run through "
-                                   "FlagGems' Python wrappers");
-    slot.state.store(SlotState::kFailed);
-    return false;
-  }
-  slot.fn.store(fn, std::memory_order_release);
-  slot.state.store(SlotState::kReady, std::memory_order_release);
+  state.store(SlotState::kReady, std::memory_order_release);
   return true;
 }
 
+}  // namespace
+
+bool resolve(KernelSlot& slot) {
+  const std::string ref = std::string(slot.module) + ":" + slot.qualname;
+  return resolve_once(slot.state, ref, [&](PythonSide& side) -> std::string {
+    ExportedFn e = side.export_fn(ref);
+    if (e.id < 0) return "cannot be launched from C++ (" + e.error + ")" + kOnPython;
+    const JitFn* fn = add_fn(ref, std::move(e));
+    std::string why;
+    if (!names_match(*fn, slot.names, &why)) {
+      return why + " (another FlagGems version?)" + kOnPython;
+    }
+    slot.fn.store(fn, std::memory_order_release);
+    return "";
+  });
+}
+
 bool resolve(PointwiseSlot& slot) {
-  SlotState s = slot.state.load(std::memory_order_acquire);
-  if (s != SlotState::kUnresolved) return s == SlotState::kReady;
-  PythonSide* side = python_side();
-  if (!side) return false;
-  std::string ref = std::string(slot.module) + ":" + slot.name;
-  auto info = std::make_unique<PointwiseInfo>(side->pointwise(ref));
-  if (!info->error.empty()) {
-    warn_once("export:" + ref, "FlagGems' " + ref + " cannot be launched from C++ (" +
-                                   info->error + "); its operators run through FlagGems' "
-                                   "Python wrappers");
-    slot.state.store(SlotState::kFailed);
-    return false;
-  }
-  slot.info.store(info.release(), std::memory_order_release);  // leaked with the slot
-  slot.state.store(SlotState::kReady, std::memory_order_release);
-  return true;
+  const std::string ref = std::string(slot.module) + ":" + slot.name;
+  return resolve_once(slot.state, ref, [&](PythonSide& side) -> std::string {
+    auto info = std::make_unique<PointwiseInfo>(side.pointwise(ref));
+    if (!info->error.empty()) {
+      return "cannot be launched from C++ (" + info->error + ")" + kOnPython;
+    }
+    slot.info.store(info.release(), std::memory_order_release);  // leaked with the slot
+    return "";
+  });
 }
 
 bool resolve_rank(PointwiseSlot& slot, int rank) {
   if (rank == 0) return resolve(slot);  // the function's layout, before any rank
-  if (rank < 1 || rank > kMaxPointwiseRank) return false;
-  SlotState s = slot.rank_state[rank].load(std::memory_order_acquire);
-  if (s != SlotState::kUnresolved) return s == SlotState::kReady;
-  PythonSide* side = python_side();
-  if (!side || !resolve(slot)) return false;
-  std::string ref = std::string(slot.module) + ":" + slot.name + "@" + std::to_string(rank);
-  ExportedFn e = side->export_fn(ref);
-  if (e.id < 0) {
-    warn_once("export:" + ref, "FlagGems' " + ref + " cannot be launched from C++ (" + e.error +
-                                   ")");
-    slot.rank_state[rank].store(SlotState::kFailed);
-    return false;
-  }
-  slot.rank_fn[rank].store(add_fn(ref, std::move(e)), std::memory_order_release);
-  slot.rank_state[rank].store(SlotState::kReady, std::memory_order_release);
-  return true;
+  if (rank < 1 || rank > kMaxPointwiseRank || !resolve(slot)) return false;
+  const std::string ref = std::string(slot.module) + ":" + slot.name + "@" + std::to_string(rank);
+  return resolve_once(slot.rank_state[rank], ref, [&](PythonSide& side) -> std::string {
+    ExportedFn e = side.export_fn(ref);
+    if (e.id < 0) return "cannot be launched from C++ (" + e.error + ")";
+    slot.rank_fn[rank].store(add_fn(ref, std::move(e)), std::memory_order_release);
+    return "";
+  });
 }
 
 // ---- TunerTable ------------------------------------------------------------
@@ -173,7 +170,7 @@ const TunedConfig* TunerTable::find(const int64_t* key, int n) const noexcept {
 }
 
 void TunerTable::insert(const int64_t* key, int n, const TunedConfig& cfg) {
-  TORCH_CHECK(n <= 12, "flagos: tuner key too long");
+  TORCH_CHECK(n <= kMaxTunerKey, "flagos: tuner key too long");
   std::lock_guard<std::mutex> lock(mu_);
   if (find(key, n)) return;
   const uint64_t h = tuner_hash(key, n);

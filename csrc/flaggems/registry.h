@@ -25,7 +25,6 @@ namespace torch_fl::flaggems {
 struct JitFn {
   uint16_t id = 0;
   std::string ref;
-  std::string name;
   std::string cache_key;
   std::vector<std::string> names;
   std::vector<abi::ParamInfo> params;
@@ -61,6 +60,8 @@ struct PointwiseSlot {
 };
 
 inline constexpr int kMaxTuned = 6;
+// The longest tuner key (key arguments and tensor dtypes) a table holds.
+inline constexpr int kMaxTunerKey = 12;
 
 struct TunedConfig {
   int64_t values[kMaxTuned] = {};
@@ -76,7 +77,7 @@ class TunerTable {
  private:
   struct Entry {
     int n;
-    int64_t key[12];
+    int64_t key[kMaxTunerKey];
     TunedConfig cfg;
   };
   static constexpr int kCapacity = 1024;

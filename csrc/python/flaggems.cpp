@@ -95,7 +95,6 @@ class PySide final : public PythonSide {
         e.error = d["error"].cast<std::string>();
         return e;
       }
-      e.name = d["name"].cast<std::string>();
       e.cache_key = d["cache_key"].cast<std::string>();
       for (const auto& p : d["params"].cast<py::list>()) {
         auto t = p.cast<py::tuple>();
@@ -250,7 +249,6 @@ void init_flaggems(py::module& m) {
     install(ops, triton, stub_only);
     END_HANDLE_TH_ERRORS_PYBIND
   });
-  m.def("_flaggems_installed", [] { return installed(); });
   m.def("_flaggems_cpp_enabled", [] { return cpp_enabled(); });
   m.def("_flaggems_set_cpp_enabled", [](bool on) { set_cpp_enabled(on); });
   m.def("_flaggems_described_ops", [] { return described_ops(); });

@@ -70,12 +70,15 @@ inline bool wrap_dim(int64_t dim, int64_t ndim, int64_t* out) {
 Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_fill_zero(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_all(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_cumsum(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_cat(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_index_select(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_embedding_backward(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_nll_loss(const OpDesc& op, Call& call, CallPlan& plan);
-Outcome plan_matmul(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_bmm(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_addmm(const OpDesc& op, Call& call, CallPlan& plan);
 
 // ---- family descriptions the op table refers to ----------------------------
 
@@ -90,9 +93,7 @@ struct PointwiseOp {
   bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
 };
 
-enum class Reduce : uint8_t { kMean, kArgmax, kAll, kCumsum };
+enum class Reduce : uint8_t { kMean, kArgmax };
 enum class Softmax : uint8_t { kForward, kBackward, kLogForward, kLogBackward };
-enum class NllLoss : uint8_t { kForward, kBackward };
-enum class Matmul : uint8_t { kBmm, kAddmm };
 
 }  // namespace torch_fl::flaggems::ops

@@ -28,7 +28,9 @@ int64_t log_strategy(int64_t v) {
 }
 int64_t align32(int64_t v) { return cdiv(v, 32) * 32; }
 
-Outcome plan_bmm(Call& call, CallPlan& plan) {
+}  // namespace
+
+Outcome plan_bmm(const OpDesc&, Call& call, CallPlan& plan) {
   const at::Tensor* a = call.tensor(0);
   const at::Tensor* b = call.tensor(1);
   if (!a || !b || !is_float(a->scalar_type()) || a->scalar_type() != b->scalar_type() ||
@@ -75,7 +77,7 @@ Outcome plan_bmm(Call& call, CallPlan& plan) {
 
 // addmm(bias, mat1, mat2, *, beta, alpha): mat1 made contiguous, bias
 // broadcast to [M, N] (stride 0 on broadcast dims).
-Outcome plan_addmm(Call& call, CallPlan& plan) {
+Outcome plan_addmm(const OpDesc&, Call& call, CallPlan& plan) {
   const at::Tensor* bias = call.tensor(0);
   const at::Tensor* m1 = call.tensor(1);
   const at::Tensor* m2 = call.tensor(2);
@@ -142,13 +144,6 @@ Outcome plan_addmm(Call& call, CallPlan& plan) {
   L.i(cfg->values[2]);
   plan.results.push_back(out);
   return Outcome::kPlanned;
-}
-
-}  // namespace
-
-Outcome plan_matmul(const OpDesc& op, Call& call, CallPlan& plan) {
-  return *static_cast<const Matmul*>(op.family) == Matmul::kBmm ? plan_bmm(call, plan)
-                                                                : plan_addmm(call, plan);
 }
 
 }  // namespace torch_fl::flaggems::ops

@@ -98,6 +98,16 @@ bool internal_overlap(const at::Tensor& t) {
   return false;
 }
 
+// Not exported yet: records the request for `slot`'s layout (rank 0) or its
+// rank-`rank` kernel in `plan` (kNeedExport); kDecline when that export failed.
+Outcome need(PointwiseSlot& slot, int rank, CallPlan& plan) {
+  const SlotState s = rank == 0 ? slot.state.load() : slot.rank_state[rank].load();
+  if (s == SlotState::kFailed) return Outcome::kDecline;
+  plan.need_pointwise = &slot;
+  plan.need_rank = rank;
+  return Outcome::kNeedExport;
+}
+
 }  // namespace
 
 Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
@@ -110,12 +120,7 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
     if (!(wv < 0.5)) slot = pw.alt;
   }
   const PointwiseInfo* info = slot->info.load(std::memory_order_acquire);
-  if (!info) {
-    if (slot->state.load() == SlotState::kFailed) return Outcome::kDecline;
-    plan.need_pointwise = slot;
-    plan.need_rank = 0;
-    return Outcome::kNeedExport;
-  }
+  if (!info) return need(*slot, 0, plan);
   if (info->tile_1d || !info->block_pointer || info->promotions.size() != 1 ||
       static_cast<int>(info->is_tensor.size()) != pw.nargs) {
     return Outcome::kDecline;
@@ -191,12 +196,7 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
   if (ndim < 1 || ndim > kMaxPointwiseRank) return Outcome::kDecline;
 
   const JitFn* fn = slot->rank_fn[ndim].load(std::memory_order_acquire);
-  if (!fn) {
-    if (slot->rank_state[ndim].load() == SlotState::kFailed) return Outcome::kDecline;
-    plan.need_pointwise = slot;
-    plan.need_rank = ndim;
-    return Outcome::kNeedExport;
-  }
+  if (!fn) return need(*slot, ndim, plan);
 
   // Strides of every operand in the task space: inputs, then the output.
   const at::Tensor* operands[kMaxOperands];

@@ -49,7 +49,10 @@ c10::SmallVector<int64_t, 6> reduced_shape(c10::IntArrayRef sizes, int64_t dim, 
   return shape;
 }
 
-Outcome plan_all(Call& call, CallPlan& plan) {
+}  // namespace
+
+// all(self): two kernels (per-block partial results, then their reduction).
+Outcome plan_all(const OpDesc&, Call& call, CallPlan& plan) {
   const at::Tensor* self = call.tensor(0);
   if (!self || !self->is_contiguous() || elem_type(self->scalar_type()) == abi::TType::kInvalid) {
     return Outcome::kDecline;  // all_kernel_1 reads the input as a flat buffer
@@ -85,7 +88,7 @@ Outcome plan_all(Call& call, CallPlan& plan) {
 
 // cumsum(self, dim, *, dtype) over the last dimension of a row short enough
 // for one persistent kernel (cumsum_wrapper's K == 1, N <= 16384 branch).
-Outcome plan_cumsum(Call& call, CallPlan& plan) {
+Outcome plan_cumsum(const OpDesc&, Call& call, CallPlan& plan) {
   const at::Tensor* self = call.tensor(0);
   int64_t dim = 0;
   if (!self || elem_type(self->scalar_type()) == abi::TType::kInvalid ||
@@ -121,13 +124,9 @@ Outcome plan_cumsum(Call& call, CallPlan& plan) {
   return Outcome::kPlanned;
 }
 
-}  // namespace
-
-// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim) / all(self) / cumsum.
+// mean.dim(self, dim, keepdim, *, dtype) / argmax(self, dim, keepdim).
 Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   const Reduce which = *static_cast<const Reduce*>(op.family);
-  if (which == Reduce::kAll) return plan_all(call, plan);
-  if (which == Reduce::kCumsum) return plan_cumsum(call, plan);
   const bool is_mean = which == Reduce::kMean;
   const at::Tensor* self = call.tensor(0);
   if (!self || !is_float(self->scalar_type())) return Outcome::kDecline;

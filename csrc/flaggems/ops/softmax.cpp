@@ -119,33 +119,25 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.grid[1] = static_cast<uint32_t>(K);
     L.num_warps = forward ? 8 : cfg->num_warps;
     if (!forward) L.num_stages = cfg->num_stages;
-  } else if (forward && K > 1) {
-    const int64_t tk = heur::softmax_tile_k(M, K, cuda::sm_count(call.device()));
-    const int64_t tn = cdiv(8192, tk);
+  } else if (K > 1) {
+    // Tiles: forward from FlagGems' heuristics, backward from its tuned config.
+    const int64_t tk = forward ? heur::softmax_tile_k(M, K, cuda::sm_count(call.device()))
+                               : cfg->values[0];
+    const int64_t tn = forward ? cdiv(8192, tk) : std::max<int64_t>(1, 1024 / tk);
     L.i(K);
     L.i(tn);
     L.i(tk);
     L.b(tn >= N);
     L.grid[0] = static_cast<uint32_t>(M);
     L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
-    L.num_warps = warps_by_tile(tn * tk);
+    L.num_warps = forward ? warps_by_tile(tn * tk) : cfg->num_warps;
+    if (!forward) L.num_stages = cfg->num_stages;
   } else if (forward) {
     const int64_t tn = heur::tile_n_inner(N);
     L.i(tn);
     L.b(tn >= N);
     L.grid[0] = static_cast<uint32_t>(M);
     L.num_warps = warps_by_tile(tn);
-  } else if (K > 1) {
-    const int64_t tk = cfg->values[0];
-    const int64_t tn = std::max<int64_t>(1, 1024 / tk);
-    L.i(K);
-    L.i(tn);
-    L.i(tk);
-    L.b(tn >= N);
-    L.grid[0] = static_cast<uint32_t>(M);
-    L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
-    L.num_warps = cfg->num_warps;
-    L.num_stages = cfg->num_stages;
   } else {
     const int64_t tn = cfg->values[0];
     const int64_t tm = std::max<int64_t>(1, 1024 / tn);

@@ -71,14 +71,10 @@ const PointwiseOp kWhere{&where_func, nullptr, {0, 1, 2}, 3, false, true};
 
 const Reduce kMean = Reduce::kMean;
 const Reduce kArgmax = Reduce::kArgmax;
-const Reduce kAll = Reduce::kAll;
-const Reduce kCumsum = Reduce::kCumsum;
 const Softmax kSoftmax = Softmax::kForward;
 const Softmax kSoftmaxBackward = Softmax::kBackward;
 const Softmax kLogSoftmax = Softmax::kLogForward;
 const Softmax kLogSoftmaxBackward = Softmax::kLogBackward;
-const Matmul kBmm = Matmul::kBmm;
-const Matmul kAddmm = Matmul::kAddmm;
 
 OpDesc g_ops[] = {
     {"add.Tensor", plan_pointwise, &kAdd},
@@ -116,8 +112,8 @@ OpDesc g_ops[] = {
     {"zero_", plan_fill_zero, nullptr},
     {"mean.dim", plan_reduce_dim, &kMean},
     {"argmax", plan_reduce_dim, &kArgmax},
-    {"all", plan_reduce_dim, &kAll},
-    {"cumsum", plan_reduce_dim, &kCumsum},
+    {"all", plan_all, nullptr},
+    {"cumsum", plan_cumsum, nullptr},
     {"_softmax", plan_softmax, &kSoftmax},
     {"_softmax_backward_data", plan_softmax, &kSoftmaxBackward},
     {"_log_softmax", plan_softmax, &kLogSoftmax},
@@ -126,8 +122,8 @@ OpDesc g_ops[] = {
     {"index_select", plan_index_select, nullptr},
     {"embedding_dense_backward", plan_embedding_backward, nullptr},
     {"nll_loss_forward", plan_nll_loss, nullptr},
-    {"bmm", plan_matmul, &kBmm},
-    {"addmm", plan_matmul, &kAddmm},
+    {"bmm", plan_bmm, nullptr},
+    {"addmm", plan_addmm, nullptr},
 };
 
 }  // namespace
