@@ -127,7 +127,9 @@ void ProcessGroupFlagos::setTimeout(std::chrono::milliseconds timeout) {
 
 WorkPtr ProcessGroupFlagos::wrap(WorkPtr inner, TensorList outputs,
                                  std::optional<c10::Device> device, OpType op) const {
-  return wrap_work(std::move(inner), std::move(outputs), device, getRank(), op);
+  if (!inner) return inner;  // NCCL's, inside a coalescing block: stays null
+  return c10::make_intrusive<FlagosWork>(std::move(inner), std::move(outputs), device,
+                                         getRank(), op);
 }
 
 WorkPtr ProcessGroupFlagos::endCoalescing() {

@@ -97,6 +97,7 @@ class ProcessGroupFlagos final : public c10d::Backend {
   }
 
  private:
+  // The inner backend's work as a FlagosWork handing back `outputs`.
   c10::intrusive_ptr<c10d::Work> wrap(c10::intrusive_ptr<c10d::Work> inner,
                                       std::vector<at::Tensor> outputs,
                                       std::optional<c10::Device> device, c10d::OpType op) const;
