@@ -63,15 +63,6 @@ def build(size, device, prompt_len, max_len, batch):
     return model, cache
 
 
-def sync(device):
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-    else:
-        torch.flagos.synchronize()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="0.6b")
@@ -90,6 +81,8 @@ def main(argv=None) -> int:
         return 0
     import torch
     import torch_fl
+
+    import qwen3_workload as wl
 
     if torch_fl.driver() != "cuda":
         print(f"skipped: torch_fl runs the {torch_fl.driver()!r} driver, not 'cuda'")
@@ -125,20 +118,19 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 for _ in range(3):
                     fn()  # warm-up: kernels compiled, caches filled
-                sync(dev)
+                wl.synchronize(dev)
+                mod = torch.get_device_module(dev)  # torch.cuda or torch.flagos
                 g = torch.cuda.CUDAGraph() if dev == "cuda" else torch.flagos.FlagosGraph()
-                s = torch.cuda.Stream() if dev == "cuda" else torch.flagos.Stream()
-                s.wait_stream(torch.cuda.current_stream() if dev == "cuda" else torch.flagos.current_stream())
-                ctx = torch.cuda.stream(s) if dev == "cuda" else torch.flagos.stream(s)
-                with ctx:
+                s = mod.Stream()
+                s.wait_stream(mod.current_stream())
+                with mod.stream(s):
                     fn()
-                sync(dev)
-                graph_ctx = torch.cuda.graph(g) if dev == "cuda" else torch.flagos.graph(g)
-                with graph_ctx:
+                wl.synchronize(dev)
+                with mod.graph(g):
                     out = fn()
                 eager_out = fn()
                 g.replay()
-                sync(dev)
+                wl.synchronize(dev)
                 outs[side] = (out.float().cpu(), eager_out.float().cpu())
             steps[side], graphs[side] = (fn, route), (g, route)
 
@@ -149,11 +141,11 @@ def main(argv=None) -> int:
                 torch_fl.routing.set_route("*", route)
             g = graphs[side][0]
             with torch.no_grad():
-                sync(key)
+                wl.synchronize(key)
                 t0 = time.perf_counter()
                 for _ in range(a.steps):
                     g.replay() if kind == "graph" else fn()
-                sync(key)
+                wl.synchronize(key)
             return (time.perf_counter() - t0) / a.steps
 
         for kind in ("graph", "eager"):
@@ -174,8 +166,6 @@ def main(argv=None) -> int:
     if "compile" not in a.skip:
         import torch._dynamo
 
-        import qwen3_workload as wl
-
         comp = {}
         for side, (dev, route) in {"cuda": ("cuda", None), "flagos all-cuda": ("flagos", "cuda")}.items():
             torch._dynamo.reset()
@@ -188,12 +178,12 @@ def main(argv=None) -> int:
 
             def gen():
                 with torch.no_grad():
-                    sync(dev)
+                    wl.synchronize(dev)
                     t0 = time.perf_counter()
                     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                          max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
                                          do_sample=False, cache_implementation="static")
-                    sync(dev)
+                    wl.synchronize(dev)
                     return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
 
             toks, first = gen()

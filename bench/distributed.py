@@ -167,7 +167,7 @@ class World:
         self.name, self.procs = name, []
         port = free_port()
         for rank in range(gpus):
-            env = dict(os.environ, **GPU_ENV, RANK=str(rank), LOCAL_RANK=str(rank),
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
                        WORLD_SIZE=str(gpus), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             if name == "flagos":
                 env["FLAGOS_ACCELERATOR"] = "host" if args.smoke else "cuda"
@@ -181,10 +181,11 @@ class World:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
                    "--size", args.size, "--dtype", args.dtype, "--batch", str(args.batch),
                    "--seq", str(args.seq)] + (["--smoke"] if args.smoke else [])
-            log = open(os.path.join(log_dir, f"{name}.rank{rank}.log"), "w")
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
-                                               stdout=subprocess.PIPE, stderr=log, text=True,
-                                               cwd=ROOT))
+            # the child has its own copy of the file: the parent's is closed at once
+            with open(os.path.join(log_dir, f"{name}.rank{rank}.log"), "w") as log:
+                self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                                   stdout=subprocess.PIPE, stderr=log,
+                                                   text=True, cwd=ROOT))
         for p in self.procs:
             self._read(p, "READY")
 
@@ -227,11 +228,17 @@ def rounds_of(worlds, rounds, fn):
     return values
 
 
-def gpu_count() -> int:
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                         env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
-                         capture_output=True, text=True)
-    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+def probe_torch() -> dict:
+    """torch's versions and GPUs, from a subprocess that never initializes CUDA here."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; c = torch.cuda.is_available(); print(torch.__version__, "
+         "torch.version.cuda, c and torch.cuda.nccl.version(), "
+         "c and torch.cuda.get_device_properties(0).name, torch.cuda.device_count(), sep='|')"],
+        env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), capture_output=True, text=True)
+    info = out.stdout.strip().split("|") if out.returncode == 0 else []
+    info += [""] * (5 - len(info))
+    return {"torch": info[0], "cuda": info[1], "nccl": info[2], "gpu": info[3],
+            "gpu_count": int(info[4] or 0)}
 
 
 def main(argv=None) -> int:
@@ -258,7 +265,8 @@ def main(argv=None) -> int:
         worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.smoke)
         return 0
 
-    gpus = args.gpus if args.smoke else gpu_count()
+    torch_info = probe_torch()
+    gpus = args.gpus if args.smoke else torch_info["gpu_count"]
     if gpus < args.gpus:
         print(f"skipped: needs {args.gpus} GPUs, torch.cuda sees {gpus}")
         return 0
@@ -322,14 +330,9 @@ def main(argv=None) -> int:
             w.close()
     seconds = time.monotonic() - t_start
 
-    info = subprocess.run(
-        [sys.executable, "-c", "import torch; c = torch.cuda.is_available(); print(torch.__version__, "
-         "torch.version.cuda, c and torch.cuda.nccl.version(), "
-         "c and torch.cuda.get_device_properties(0).name, sep='|')"],
-        env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), capture_output=True, text=True
-    ).stdout.strip().split("|")
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": info[0],
-            "cuda": info[1], "nccl": info[2], "gpu": info[3], "gpus": args.gpus,
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "torch": torch_info["torch"], "cuda": torch_info["cuda"], "nccl": torch_info["nccl"],
+            "gpu": torch_info["gpu"], "gpus": args.gpus,
             "rounds": args.rounds, "iters": args.iters, "size": args.size, "dtype": args.dtype,
             "batch_per_rank": args.batch, "seq": args.seq, "steps_per_round": args.steps,
             "seconds": round(seconds, 1), "env": GPU_ENV,

@@ -14,29 +14,13 @@
 # tokens/s of tuned vs default vs all-cuda); tunetrain its training half (each fits the
 # 10-minute limit of one device call). models runs the model-level benchmarks in
 # bounded time (QWEN3_S, GRAPHS_S seconds): bench/qwen3.py (generate and training,
-# flagos all-cuda and default against cuda) and bench/decode_graphs.py. With a .whl/ folder of
-# carried wheels (flag_gems; see docs/gpu.md) they are installed first.
+# flagos all-cuda and default against cuda) and bench/decode_graphs.py. The setup (carried
+# wheels of .whl/, env.txt, build) is scripts/gpu_setup.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
 [ "$what" = flaggems-cpp ] && exec bash scripts/gpu_flaggems_cpp.sh
-OUT=${OUT:-/tmp/flagos-gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PATH=/usr/local/cuda/bin:$PATH
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} GEMS_VENDOR=nvidia
-fi
-{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } 2>&1 | tee "$OUT/env.txt"
-
-start=$(date +%s)
-if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/build.log" 2>&1; then
-  grep -E "error|Error" "$OUT/build.log" | head -40
-  exit 1
-fi
-echo "build: $(( $(date +%s) - start )) s"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} FLAGOS_REPORT_DIR=$OUT
+source scripts/gpu_setup.sh
 python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices', torch.flagos.device_count())"
 
 rc=0

@@ -2,7 +2,7 @@
 # One device run that validates and measures the C++ launch path of FlagGems
 # kernels (issue 13, docs/flaggems_cpp.md) on a GPU machine, in about 9
 # minutes on an H100 with 16 cores. Usage, from the repo root (the carried
-# wheels in .whl/ are installed first, as scripts/gpu_check.sh does):
+# wheels in .whl/ are installed first, by scripts/gpu_setup.sh as for gpu_check.sh):
 #   bash scripts/gpu_flaggems_cpp.sh          (or: bash scripts/gpu_check.sh flaggems-cpp)
 # Steps, each bounded by what is left of FLAGOS_GPU_BUDGET_S (default 560 s):
 #  1. build (cuda driver);
@@ -17,29 +17,15 @@
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/flagos-gpu}
-mkdir -p "$OUT"
 START=$(date +%s)
 BUDGET=${FLAGOS_GPU_BUDGET_S:-560}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-export PYTHONUNBUFFERED=1
-export PATH=/usr/local/cuda/bin:$PATH
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export GEMS_VENDOR=nvidia
-{ nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)";
-  python3 -c "import triton; print('triton', triton.__version__)";
-  python3 -c "import importlib.metadata as m; print('flag_gems', m.version('flag_gems'))"; nproc; } 2>&1 | tee "$OUT/env.txt"
-
+gpu_env_extra() {  # more lines of env.txt (scripts/gpu_setup.sh)
+  python3 -c "import triton; print('triton', triton.__version__)"
+  python3 -c "import importlib.metadata as m; print('flag_gems', m.version('flag_gems'))"
+}
 echo "== build"
-if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/build.log" 2>&1; then
-  grep -E "error|Error" "$OUT/build.log" | head -40
-  exit 1
-fi
-echo "build: $(( $(date +%s) - START )) s"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} FLAGOS_REPORT_DIR=$OUT
+source scripts/gpu_setup.sh
 # Shared caches for this run (the first-call benchmark uses its own, empty ones).
 CACHE=/tmp/flaggems-cpp-run
 export TRITON_CACHE_DIR=$CACHE/triton FLAGOS_CACHE_DIR=$CACHE/flagos

@@ -50,13 +50,4 @@ c10::intrusive_ptr<c10::ivalue::Future> FlagosWork::getFuture() {
   return future_;
 }
 
-c10::intrusive_ptr<c10d::Work> wrap_work(c10::intrusive_ptr<c10d::Work> inner,
-                                         std::vector<at::Tensor> outputs,
-                                         std::optional<c10::Device> device, int rank,
-                                         c10d::OpType op) {
-  if (!inner) return inner;
-  return c10::make_intrusive<FlagosWork>(std::move(inner), std::move(outputs), device, rank,
-                                         op);
-}
-
 }  // namespace torch_fl::distributed

@@ -39,8 +39,6 @@ class FlagosWork final : public c10d::Work {
   float getDuration() const override;
   uint64_t getSequencenumber() const override;
 
-  const c10::intrusive_ptr<c10d::Work>& inner() const { return inner_; }
-
  private:
   const c10::intrusive_ptr<c10d::Work> inner_;
   const std::vector<at::Tensor> outputs_;  // flagos tensors; also keep them alive
@@ -48,12 +46,5 @@ class FlagosWork final : public c10d::Work {
   std::mutex future_mutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
-
-// Wraps the inner backend's work; a null work (NCCL's, inside a coalescing
-// block) stays null.
-c10::intrusive_ptr<c10d::Work> wrap_work(c10::intrusive_ptr<c10d::Work> inner,
-                                         std::vector<at::Tensor> outputs,
-                                         std::optional<c10::Device> device, int rank,
-                                         c10d::OpType op);
 
 }  // namespace torch_fl::distributed

@@ -48,6 +48,61 @@ std::vector<T> flatten(const std::vector<std::vector<T>>& lists) {
   return out;
 }
 
+// Scales `inputs` by the PREMUL_SUM factor: in place, or into new tensors
+// that replace them.
+void premultiply(const c10d::NCCLPreMulSumSupplement& factor, TensorList& inputs,
+                 bool in_place) {
+  at::NoGradGuard no_grad;
+  for (auto& t : inputs) {
+    if (factor.tensor_factor.defined()) {
+      t = in_place ? t.mul_(factor.tensor_factor) : at::mul(t, factor.tensor_factor);
+    } else {
+      t = in_place ? t.mul_(factor.double_factor) : at::mul(t, factor.double_factor);
+    }
+  }
+}
+void premultiply(const c10d::NCCLPreMulSumSupplement& factor,
+                 std::vector<TensorList>& inputs, bool in_place) {
+  for (auto& list : inputs) premultiply(factor, list, in_place);
+}
+void premultiply(const c10d::NCCLPreMulSumSupplement& factor, at::Tensor& input,
+                 bool in_place) {
+  TensorList list{input};
+  premultiply(factor, list, in_place);
+  input = list[0];
+}
+
+// The reduce op for the inner backend of a reduction of `inputs`, whose native
+// views `native_in` the call's `views` made (as `what`):
+// - PREMUL_SUM on NCCL: a flagos factor tensor becomes a native view, checked
+//   with the call's other tensors.
+// - PREMUL_SUM on a backend without it: SUM, after scaling the inputs by the
+//   factor; `in_place` where the result overwrites them anyway, else into new
+//   tensors whose views replace `native_in`.
+// - any other op passes through.
+template <typename Inputs>
+c10d::ReduceOp inner_reduce_op(const c10d::ReduceOp& op, bool inner_has_premul_sum,
+                               CommViews& views, const Inputs& inputs, Inputs& native_in,
+                               std::string_view what, bool in_place) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return op;
+  auto* factor = premul_factor(op);
+  if (inner_has_premul_sum) {
+    if (!factor->tensor_factor.defined() ||
+        factor->tensor_factor.device().type() != runtime::kFlagos) {
+      return op;
+    }
+    c10d::ReduceOp native;
+    native.op_ = c10d::ReduceOp::PREMUL_SUM;
+    native.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(
+        views.view(factor->tensor_factor, "factor"));
+    return native;
+  }
+  Inputs scaled = inputs;
+  premultiply(*factor, scaled, in_place);
+  if (!in_place) native_in = views.view(scaled, what);
+  return c10d::ReduceOp::SUM;
+}
+
 }  // namespace
 
 ProcessGroupFlagos::ProcessGroupFlagos(c10::intrusive_ptr<c10d::Backend> inner, int rank,
@@ -70,41 +125,11 @@ void ProcessGroupFlagos::setTimeout(std::chrono::milliseconds timeout) {
 }
 #endif
 
-c10d::ReduceOp ProcessGroupFlagos::native_reduce_op(const c10d::ReduceOp& op) const {
-  if (op.op_ != c10d::ReduceOp::PREMUL_SUM || !inner_has_premul_sum_) return op;
-  auto* factor = premul_factor(op);
-  if (!factor->tensor_factor.defined() ||
-      factor->tensor_factor.device().type() != runtime::kFlagos) {
-    return op;
-  }
-  CommViews views("PREMUL_SUM");
-  c10d::ReduceOp native;
-  native.op_ = c10d::ReduceOp::PREMUL_SUM;
-  native.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(
-      views.view(factor->tensor_factor, "factor"));
-  return native;
-}
-
-bool ProcessGroupFlagos::emulates_premul_sum(const c10d::ReduceOp& op) const {
-  return op.op_ == c10d::ReduceOp::PREMUL_SUM && !inner_has_premul_sum_;
-}
-
-void ProcessGroupFlagos::premultiply(const c10d::ReduceOp& op, TensorList& inputs,
-                                     bool in_place) const {
-  auto* factor = premul_factor(op);
-  at::NoGradGuard no_grad;
-  for (auto& t : inputs) {
-    if (factor->tensor_factor.defined()) {
-      t = in_place ? t.mul_(factor->tensor_factor) : at::mul(t, factor->tensor_factor);
-    } else {
-      t = in_place ? t.mul_(factor->double_factor) : at::mul(t, factor->double_factor);
-    }
-  }
-}
-
 WorkPtr ProcessGroupFlagos::wrap(WorkPtr inner, TensorList outputs,
                                  std::optional<c10::Device> device, OpType op) const {
-  return wrap_work(std::move(inner), std::move(outputs), device, getRank(), op);
+  if (!inner) return inner;  // NCCL's, inside a coalescing block: stays null
+  return c10::make_intrusive<FlagosWork>(std::move(inner), std::move(outputs), device,
+                                         getRank(), op);
 }
 
 WorkPtr ProcessGroupFlagos::endCoalescing() {
@@ -121,12 +146,8 @@ WorkPtr ProcessGroupFlagos::allreduce(TensorList& tensors, const c10d::Allreduce
   CommViews views("all_reduce");
   auto native = views.view(tensors, "tensors");
   c10d::AllreduceOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    TensorList scaled = tensors;
-    premultiply(opts.reduceOp, scaled, /*in_place=*/true);  // overwritten by the result
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, tensors, native,
+                               "tensors", /*in_place=*/true);  // overwritten by the result
   return wrap(inner_->allreduce(native, o), tensors, views.device(), OpType::ALLREDUCE);
 }
 
@@ -135,12 +156,8 @@ WorkPtr ProcessGroupFlagos::allreduce_coalesced(TensorList& tensors,
   CommViews views("all_reduce_coalesced");
   auto native = views.view(tensors, "tensors");
   c10d::AllreduceCoalescedOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    TensorList scaled = tensors;
-    premultiply(opts.reduceOp, scaled, /*in_place=*/true);
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, tensors, native,
+                               "tensors", /*in_place=*/true);
   return wrap(inner_->allreduce_coalesced(native, o), tensors, views.device(),
               OpType::ALLREDUCE_COALESCED);
 }
@@ -149,15 +166,9 @@ WorkPtr ProcessGroupFlagos::reduce(TensorList& tensors, const c10d::ReduceOption
   CommViews views("reduce");
   auto native = views.view(tensors, "tensors");
   c10d::ReduceOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    // Only the root's tensor receives the result; the others stay unchanged.
-    const bool root = opts.rootRank == getRank();
-    TensorList scaled = tensors;
-    premultiply(opts.reduceOp, scaled, /*in_place=*/root);
-    if (!root) native = views.view(scaled, "tensors");
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  // Only the root's tensor receives the result; the others stay unchanged.
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, tensors, native,
+                               "tensors", /*in_place=*/opts.rootRank == getRank());
   return wrap(inner_->reduce(native, o), tensors, views.device(), OpType::REDUCE);
 }
 
@@ -244,13 +255,8 @@ WorkPtr ProcessGroupFlagos::reduce_scatter(TensorList& outputs, std::vector<Tens
     check_count("reduce_scatter", "input_list", list.size(), getSize(), getSize());
   }
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    std::vector<TensorList> scaled = inputs;
-    for (auto& list : scaled) premultiply(opts.reduceOp, list, /*in_place=*/false);
-    native_in = views.view(scaled, "input_list");
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, inputs, native_in,
+                               "input_list", /*in_place=*/false);
   return wrap(inner_->reduce_scatter(native_out, native_in, o), outputs, views.device(),
               OpType::REDUCE_SCATTER);
 }
@@ -262,13 +268,8 @@ WorkPtr ProcessGroupFlagos::_reduce_scatter_base(at::Tensor& output, at::Tensor&
   auto native_in = views.view(input, "input");
   check_numel("reduce_scatter_tensor", "input", input, output.numel() * getSize(), getSize());
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    TensorList scaled{input};
-    premultiply(opts.reduceOp, scaled, /*in_place=*/false);
-    native_in = views.view(scaled[0], "input");
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, input, native_in,
+                               "input", /*in_place=*/false);
   return wrap(inner_->_reduce_scatter_base(native_out, native_in, o), {output},
               views.device(), OpType::_REDUCE_SCATTER_BASE);
 }
@@ -285,13 +286,8 @@ WorkPtr ProcessGroupFlagos::reduce_scatter_tensor_coalesced(
                 outputs[i].numel() * getSize(), getSize());
   }
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = native_reduce_op(opts.reduceOp);
-  if (emulates_premul_sum(opts.reduceOp)) {
-    TensorList scaled = inputs;
-    premultiply(opts.reduceOp, scaled, /*in_place=*/false);
-    native_in = views.view(scaled, "inputs");
-    o.reduceOp = c10d::ReduceOp::SUM;
-  }
+  o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, inputs, native_in,
+                               "inputs", /*in_place=*/false);
   return wrap(inner_->reduce_scatter_tensor_coalesced(native_out, native_in, o), outputs,
               views.device(), OpType::COALESCED);
 }

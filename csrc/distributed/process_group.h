@@ -97,16 +97,7 @@ class ProcessGroupFlagos final : public c10d::Backend {
   }
 
  private:
-  // The reduce op for the inner backend: `op`, with a flagos PREMUL_SUM
-  // factor tensor made a native view for NCCL.
-  c10d::ReduceOp native_reduce_op(const c10d::ReduceOp& op) const;
-  // PREMUL_SUM on an inner backend without it: the inputs are scaled by the
-  // factor (`in_place` where the result overwrites them anyway, else into new
-  // tensors that replace them in `inputs`) and the inner backend sums.
-  bool emulates_premul_sum(const c10d::ReduceOp& op) const;
-  void premultiply(const c10d::ReduceOp& op, std::vector<at::Tensor>& inputs,
-                   bool in_place) const;
-
+  // The inner backend's work as a FlagosWork handing back `outputs`.
   c10::intrusive_ptr<c10d::Work> wrap(c10::intrusive_ptr<c10d::Work> inner,
                                       std::vector<at::Tensor> outputs,
                                       std::optional<c10::Device> device, c10d::OpType op) const;

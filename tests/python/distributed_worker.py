@@ -96,6 +96,15 @@ def expect_error(fn, *fragments):
     raise AssertionError("no error raised")
 
 
+def timed_error(key, fn, *fragments):
+    """expect_error(fn, *fragments), recording how long the error took to come
+    (`key`_seconds) and its message (`key`_message)."""
+    start = time.monotonic()
+    msg = expect_error(fn, *fragments)
+    results[f"{key}_seconds"] = time.monotonic() - start
+    results[f"{key}_message"] = msg[:300]
+
+
 # ---- collectives --------------------------------------------------------------
 
 REDUCTIONS = {
@@ -462,10 +471,12 @@ def check_ddp(ref):
     assert logging.get("avg_backward_compute_time", 0) > 0, logging
 
 
-def fsdp_model(mesh):
+def fsdp_model(mesh=None, device=None):
+    """make_model() on `device` (default: this rank's), each Linear and the
+    whole model fully_shard on `mesh` (None: fully_shard's default mesh)."""
     from torch.distributed.fsdp import fully_shard
 
-    model = make_model().to(DEVICE)
+    model = make_model().to(device or DEVICE)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -581,13 +592,8 @@ def job_killed_peer():
         os._exit(0)  # dies without a word to its peers
     time.sleep(0.5)
 
-    def detect():
-        start = time.monotonic()
-        msg = expect_error(lambda: dist.all_reduce(on(data(RANK))), "")
-        results["killed_peer_seconds"] = time.monotonic() - start
-        results["killed_peer_message"] = msg[:300]
-
-    record("killed_peer_raises", detect)
+    record("killed_peer_raises", lambda: timed_error(
+        "killed_peer", lambda: dist.all_reduce(on(data(RANK))), ""))
 
 
 def job_timeout():
@@ -600,27 +606,17 @@ def job_timeout():
             time.sleep(0.1)
         os._exit(0)
 
-    def detect():
-        start = time.monotonic()
-        msg = expect_error(lambda: dist.all_reduce(on(data(RANK))), "")
-        results["timeout_seconds"] = time.monotonic() - start
-        results["timeout_message"] = msg[:300]
-
-    record("timeout_raises", detect)
+    record("timeout_raises", lambda: timed_error(
+        "timeout", lambda: dist.all_reduce(on(data(RANK))), ""))
 
 
 def job_wrong_world_size():
     # WORLD_SIZE says one more process than was started
-    def detect():
-        start = time.monotonic()
-        msg = expect_error(lambda: dist.init_process_group(
+    record("wrong_world_size_raises", lambda: timed_error(
+        "wrong_world_size", lambda: dist.init_process_group(
             None, init_method=f"file://{OUT}/store", rank=RANK, world_size=WORLD + 1,
             timeout=TIMEOUT), "flagos backend", f"group of {WORLD + 1}",
-            f"world_size ({WORLD + 1})")
-        results["wrong_world_size_seconds"] = time.monotonic() - start
-        results["wrong_world_size_message"] = msg[:300]
-
-    record("wrong_world_size_raises", detect)
+        f"world_size ({WORLD + 1})"))
 
 
 # ---- torchrun -------------------------------------------------------------------------
@@ -630,19 +626,13 @@ def job_torchrun():
     """Started by torchrun: no init_process_group of our own (DeviceMesh makes
     the default group from torchrun's environment)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     local_rank = int(os.environ["LOCAL_RANK"])
 
     def cpu_fsdp2():
         # The regression: with torch_fl loaded the accelerator is flagos, and
         # DeviceMesh's bare init_process_group() had no backend for it.
-        mesh = init_device_mesh("cpu", (WORLD,))
-        model = make_model()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        model = fsdp_model(init_device_mesh("cpu", (WORLD,)), device="cpu")
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
         for step in range(STEPS):
             x, y = batch(RANK, step)
@@ -664,11 +654,7 @@ def job_torchrun():
     def default_mesh_fsdp2():
         # fully_shard without a mesh takes the accelerator's (flagos) and moves
         # the CPU model there, as it moves one to CUDA.
-        model = make_model()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+        model = fsdp_model(device="cpu")  # fully_shard moves it
         assert next(model.parameters()).to_local().device == DEVICE
         train(model, model.parameters())
         ref = reference_params()

@@ -205,10 +205,6 @@ class _StandInGraphs:
     def _require_cuda_driver(what):
         pass
 
-    @staticmethod
-    def is_current_stream_capturing():
-        return False
-
     class graph:
         def __init__(self, g):
             self.g = g
@@ -247,6 +243,8 @@ def test_graphed_call_keeps_eager_semantics(monkeypatch):
     from torch_fl.compile import cudagraphs
 
     monkeypatch.setattr(cudagraphs, "graphs", _StandInGraphs)
+    # GraphedCall asks CUDA directly whether a capture is under way (never, here)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     cache = torch.zeros(8, device="flagos")
     torch._dynamo.mark_static_address(cache)
     graphed = cudagraphs.GraphedCall(_recorded(_inductor_like_call), mutated_input_idxs=(0, 1))

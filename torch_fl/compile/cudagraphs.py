@@ -124,6 +124,8 @@ class _Recording:
                 self.pool_storages[rest[0]] = o.untyped_storage()
 
     def matches(self, args) -> bool:
+        # The fast check of the signature _Layout.key gave this recording: the
+        # same scalars and static input addresses.
         layout = self.layout
         return (all(args[i] == v for i, v in zip(layout.scalars, self.scalar_values))
                 and _compat.data_ptrs_equal(args, self.static_ptrs, layout.static))
@@ -167,7 +169,8 @@ class GraphedCall:
         self._warned = False
 
     def __call__(self, args):
-        if graphs.is_current_stream_capturing():
+        # The cuda driver is checked in __init__: ask CUDA directly (this runs per call).
+        if torch.cuda.is_current_stream_capturing():
             return self._call(args)  # inside the caller's own capture: record the kernels there
         last = self._last
         if last is not None and last.matches(args):
