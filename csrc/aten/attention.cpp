@@ -72,16 +72,13 @@ at::Tensor native_shell(const at::Tensor& t) {
       nbytes = static_cast<size_t>(*size);
     }
   }
-  const c10::DeviceType type = NativeViews::native_type();
-  const c10::Device device(type, type == c10::DeviceType::CPU ? c10::DeviceIndex(-1)
-                                                              : t.device().index());
+  const c10::Device device = NativeViews::native_device(t.device().index());
   c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(data, device),
       /*allocator=*/nullptr, /*resizable=*/false));
   auto shell = c10::make_intrusive<c10::TensorImpl>(
       std::move(storage),
-      c10::DispatchKeySet(type == c10::DeviceType::CPU ? c10::DispatchKey::CPU
-                                                       : c10::DispatchKey::CUDA),
+      c10::DispatchKeySet(NativeViews::native_key()),
       t.dtype());
   shell->set_sizes_and_strides(t.sym_sizes(), t.sym_strides(), t.sym_storage_offset());
   at::Tensor out(std::move(shell));

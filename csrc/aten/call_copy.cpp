@@ -77,11 +77,6 @@ std::vector<Group> group_by_storage(const OpPlan& plan, const c10::IValue* args)
   return groups;
 }
 
-c10::Device native_device(c10::DeviceIndex index) {
-  const c10::DeviceType type = NativeViews::native_type();
-  return type == c10::DeviceType::CPU ? c10::Device(type) : c10::Device(type, index);
-}
-
 // A tensor over `storage` with the geometry of `like`, its offset moved by
 // `shift` bytes.
 at::Tensor on_storage(const c10::Storage& storage, const at::Tensor& like, int64_t shift,
@@ -112,7 +107,7 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
       g.copy = c10::Storage(runtime::allocate_flagos_storage(g.device, nbytes));
     } else {
       g.copy = at::empty({static_cast<int64_t>(nbytes)},
-                         at::TensorOptions().dtype(at::kByte).device(native_device(g.device)))
+                         at::TensorOptions().dtype(at::kByte).device(NativeViews::native_device(g.device)))
                    .storage();
     }
     // A driver copy on the current stream: ordered before anything that
@@ -127,7 +122,7 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
     if (!is_flagos(t)) return is_write && t.defined() ? t.clone(at::MemoryFormat::Preserve) : t;
     if (t.numel() == 0) {
       auto opts = at::TensorOptions().dtype(t.dtype()).device(
-          target == CopyTarget::kFlagos ? t.device() : native_device(t.device().index()));
+          target == CopyTarget::kFlagos ? t.device() : NativeViews::native_device(t.device().index()));
       return at::empty_strided(t.sizes(), t.strides(), opts);
     }
     c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
@@ -164,7 +159,7 @@ std::vector<c10::IValue> copy_arguments(const OpPlan& plan, const c10::IValue* a
       case ArgKind::kDevice:
         if (target == CopyTarget::kNative && v.isDevice() && v.toDevice().type() == kFlagos) {
           const c10::Device d = v.toDevice();
-          v = c10::IValue(native_device(runtime::resolve_device(d.has_index() ? d.index() : -1)));
+          v = c10::IValue(NativeViews::native_device(runtime::resolve_device(d.has_index() ? d.index() : -1)));
         }
         break;
       case ArgKind::kGenerator:

@@ -33,9 +33,7 @@ at::Generator NativeCall::generator(const std::optional<at::Generator>& gen) con
 }
 
 c10::DispatchKeySet NativeCall::native_keys() noexcept {
-  static const c10::DispatchKeySet keys(NativeViews::native_type() == c10::DeviceType::CPU
-                                            ? c10::DispatchKey::CPU
-                                            : c10::DispatchKey::CUDA);
+  static const c10::DispatchKeySet keys(NativeViews::native_key());
   return keys;
 }
 

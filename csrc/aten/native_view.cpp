@@ -18,15 +18,6 @@ namespace {
 using runtime::FlagosStorage;
 using runtime::kFlagos;
 
-// Decided by the driver, which is selected once per process before any
-// tensor exists; read on every view, so computed once.
-c10::DispatchKey native_key() {
-  static const c10::DispatchKey key =
-      runtime::driver().nativeDevice() == hal::NativeDevice::kHost ? c10::DispatchKey::CPU
-                                                                    : c10::DispatchKey::CUDA;
-  return key;
-}
-
 void copy_geometry(c10::TensorImpl* dst, const at::Tensor& src) {
   dst->set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
   if (src.is_conj()) dst->_set_conj(true);
@@ -41,11 +32,11 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
   return at::Tensor(std::move(impl));
 }
 
+}  // namespace
+
 void release_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
-
-}  // namespace
 
 // The calling thread's recent native views, so that a tensor used again (a
 // weight, the result of the previous operator) does not get a new TensorImpl
@@ -99,11 +90,29 @@ ViewCache* thread_view_cache() {
 NativeViews::NativeViews(bool reuse_views) noexcept
     : cache_(reuse_views ? thread_view_cache() : nullptr) {}
 
+// Decided by the driver, which is selected once per process before any
+// tensor exists; read on every view, so computed once.
+c10::DispatchKey NativeViews::native_key() {
+  static const c10::DispatchKey key =
+      runtime::driver().nativeDevice() == hal::NativeDevice::kHost ? c10::DispatchKey::CPU
+                                                                    : c10::DispatchKey::CUDA;
+  return key;
+}
+
 c10::DeviceType NativeViews::native_type() {
   static const c10::DeviceType type = native_key() == c10::DispatchKey::CPU
                                           ? c10::DeviceType::CPU
                                           : c10::DeviceType::CUDA;
   return type;
+}
+
+c10::Device NativeViews::native_device(c10::DeviceIndex index) {
+  const c10::DeviceType type = native_type();
+  return type == c10::DeviceType::CPU ? c10::Device(type) : c10::Device(type, index);
+}
+
+at::Tensor native_tensor_on(c10::Storage storage, const at::Tensor& like) {
+  return tensor_on(std::move(storage), NativeViews::native_key(), like);
 }
 
 at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {

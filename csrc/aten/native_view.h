@@ -23,8 +23,12 @@ class NativeViews {
   // Python gains a Python object, which a cache must not keep.
   explicit NativeViews(bool reuse_views = false) noexcept;
 
-  // The device type native views are made of (kCPU for the host driver).
+  // The device type native views are made of (kCPU for the host driver),
+  // its dispatch key, and the native device of flagos device `index` (the
+  // CPU has no index).
   static c10::DeviceType native_type();
+  static c10::DispatchKey native_key();
+  static c10::Device native_device(c10::DeviceIndex index);
 
   // A native view of a flagos tensor (undefined stays undefined). `flagos`
   // must outlive this object: only its address is kept, because copying a
@@ -65,5 +69,11 @@ class NativeViews {
 // A flagos tensor over `storage` with the geometry (sizes, strides, offset,
 // conj/neg bits) of `like`.
 at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like);
+// The same for a native tensor (a view of flagos memory for a native kernel).
+at::Tensor native_tensor_on(c10::Storage storage, const at::Tensor& like);
+
+// A DataPtr deleter that drops one reference to the StorageImpl in `ctx`: a
+// native storage over flagos memory keeps the flagos storage alive with it.
+void release_storage_ref(void* ctx);
 
 }  // namespace torch_fl::aten

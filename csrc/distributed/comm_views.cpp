@@ -12,17 +12,12 @@
 namespace torch_fl::distributed {
 namespace {
 
-void release_flagos_storage(void* ctx) {
-  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
-}
-
 // A native storage over the bytes of flagos storage `fs`, holding a reference
 // to it (released when the native storage dies).
 c10::Storage native_storage_of(c10::StorageImpl* fs, c10::DeviceIndex index) {
-  const c10::DeviceType type = aten::NativeViews::native_type();
-  c10::Device device(type, type == c10::DeviceType::CPU ? c10::DeviceIndex(-1) : index);
+  const c10::Device device = aten::NativeViews::native_device(index);
   c10::raw::intrusive_ptr::incref(fs);
-  c10::DataPtr data(fs->data_ptr().get(), fs, &release_flagos_storage, device);
+  c10::DataPtr data(fs->data_ptr().get(), fs, &aten::release_storage_ref, device);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), fs->nbytes(), std::move(data),
       /*allocator=*/nullptr, /*resizable=*/false));
@@ -81,15 +76,7 @@ at::Tensor CommViews::view_at(const at::Tensor& flagos, std::string_view what, i
     storages_.emplace_back(fs, native_storage_of(fs, flagos.device().index()));
     native = &storages_.back().second;
   }
-  const c10::DispatchKey key = aten::NativeViews::native_type() == c10::DeviceType::CPU
-                                   ? c10::DispatchKey::CPU
-                                   : c10::DispatchKey::CUDA;
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*native), c10::DispatchKeySet(key),
-                                                   flagos.dtype());
-  impl->set_sizes_and_strides(flagos.sizes(), flagos.strides(), flagos.storage_offset());
-  if (flagos.is_conj()) impl->_set_conj(true);
-  if (flagos.is_neg()) impl->_set_neg(true);
-  return at::Tensor(std::move(impl));
+  return aten::native_tensor_on(*native, flagos);
 }
 
 std::vector<at::Tensor> CommViews::view(const std::vector<at::Tensor>& flagos,

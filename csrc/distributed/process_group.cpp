@@ -347,8 +347,7 @@ WorkPtr ProcessGroupFlagos::barrier(const c10d::BarrierOptions& opts) {
   // The inner backend picks its own device (NCCL: the cuda device of that
   // index); a flagos device means nothing to it.
   if (o.device && o.device->type() == c10::DeviceType::PrivateUse1) {
-    const c10::DeviceType native = aten::NativeViews::native_type();
-    o.device = c10::Device(native, native == c10::DeviceType::CPU ? -1 : o.device->index());
+    o.device = aten::NativeViews::native_device(o.device->index());
   }
   return wrap(inner_->barrier(o), {}, std::nullopt, OpType::BARRIER);
 }

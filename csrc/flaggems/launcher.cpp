@@ -66,13 +66,6 @@ struct SlowPathScope {
   ~SlowPathScope() { t_in_slow_path = false; }
 };
 
-std::string op_key(const c10::OperatorName& name) {
-  std::string key = name.name;
-  if (key.rfind("aten::", 0) == 0) key = key.substr(6);
-  if (!name.overload_name.empty()) key += "." + name.overload_name;
-  return key;
-}
-
 OpDesc* find_desc(const std::string& name) {
   size_t n = 0;
   OpDesc* ops = op_table(&n);
@@ -677,7 +670,7 @@ const OpDesc* describe(const c10::OperatorHandle& op) {
   if (!installed()) return nullptr;
   auto& t = tables();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.by_name.find(op_key(op.operator_name()));
+  auto it = t.by_name.find(aten::op_key(op.operator_name()));
   return it == t.by_name.end() ? nullptr : it->second;
 }
 
