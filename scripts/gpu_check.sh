@@ -3,7 +3,10 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all|dist|tune|tunetrain|models|flaggems-cpp] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|suite|dist|tune|tunetrain|models|flaggems-cpp] [extra pytest args]
+# suite runs every GPU-facing test file at once, in parallel processes bounded by SUITE_S
+# seconds (test_flaggems_cpp.py in 8 shards under strict verification), then, with
+# the GPU to themselves, bench/cuda_overhead.py and bench/flaggems_ops.py.
 # flaggems-cpp runs scripts/gpu_flaggems_cpp.sh: the C++ launch path of FlagGems
 # kernels validated and measured in one run (docs/flaggems_cpp.md).
 # bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
@@ -34,6 +37,32 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     2>&1 | tee "$OUT/bench.log"
   python3 bench/flaggems_ops.py --json "$OUT/flaggems_ops.json" 2>&1 | tee -a "$OUT/bench.log"
   python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
+fi
+if [ "$what" = suite ]; then
+  run_group() {  # name, then pytest arguments; runs in the background
+    local name=$1; shift
+    timeout "${SUITE_S:-300}" python3 -m pytest -q -rfs -p no:cacheprovider "$@" > "$OUT/suite_$name.log" 2>&1 &
+    pids+=($!)
+  }
+  pids=()
+  for i in $(seq 0 7); do
+    FLAGOS_TEST_SHARD=$i/8 FLAGGEMS_CACHE_DIR=/tmp/fg-cache/cpp$i FLAGOS_FLAGGEMS_VERIFY=strict \
+      run_group "flaggems_cpp$i" tests/python/test_flaggems_cpp.py
+  done
+  FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
+  run_group flaggems tests/python/test_flaggems.py -m "not slow"
+  run_group compile tests/python/test_compile.py
+  run_group graphs_sdpa tests/python/test_graphs.py tests/python/test_sdpa.py
+  run_group driver tests/python/test_cuda_driver.py tests/python/test_cuda_copies.py \
+    tests/python/test_unboxed_routes.py tests/python/test_coexistence.py tests/python/test_memory.py \
+    tests/python/test_tensors.py tests/python/test_fork.py
+  run_group tuning tests/python/test_tuning.py tests/python/test_verify.py tests/python/test_report.py
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for f in "$OUT"/suite_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/suite.txt"
+  FLAGOS_DISABLE_FLAGGEMS_PY=1 timeout 120 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
+    2>&1 | tee "$OUT/cuda_overhead.log"
+  timeout 90 python3 bench/flaggems_ops.py --rounds 5 --json "$OUT/flaggems_ops.json" \
+    2>&1 | tee "$OUT/flaggems_ops.log"
 fi
 if [ "$what" = tune ]; then
   python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_tuning.py \
