@@ -176,11 +176,12 @@ OTHERS = [
            lambda c, l: torch.cat([place(t, l) for t in c], 0)),
     single("cat", lambda g, s, d: [randn(g, s, d) for _ in range(6)],
            lambda c, l: torch.cat([place(t, l) for t in c], 1), ("contiguous",)),
-    # Dim 0 of a row-major input goes native (test_index_select_that_copies_its_input_runs_natively).
+    # A selected dim that is not innermost in memory goes native: dim 0 of a row-major
+    # input, dim 1 of a column-major one (test_index_select_that_copies_its_input_runs_natively).
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[0], (37,), generator=g)],
            lambda c, l: torch.index_select(place(c[0], l), 0, c[1].to(DEV)), ("transposed",)),
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[1], (37,), generator=g)],
-           lambda c, l: torch.index_select(place(c[0], l), 1, c[1].to(DEV))),
+           lambda c, l: torch.index_select(place(c[0], l), 1, c[1].to(DEV)), ("contiguous",)),
     single("index_select", lambda g, s, d: [randn(g, s, d), torch.randint(0, s[0], (2, 9), generator=g)],
            lambda c, l: F.embedding(c[1].to(DEV), place(c[0], "transposed")), ("contiguous",)),
     single("embedding_dense_backward",
@@ -375,3 +376,11 @@ def test_index_select_that_copies_its_input_runs_natively():
         calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::index_select"]
         assert calls == {"native": 1}, calls
         assert torch.equal(got.cpu(), F.embedding(idx.cuda(), w.cuda()).cpu())
+        # Dim 1 of a column-major input: the same copy of the whole input.
+        x = randn(g, (48, 96), dtype)
+        cols = torch.randint(0, 96, (37,), generator=g)
+        torch_fl.routing.reset_stats()
+        got = torch.index_select(place(x, "transposed"), 1, cols.to(DEV))
+        calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::index_select"]
+        assert calls == {"native": 1}, calls
+        assert torch.equal(got.cpu(), x.index_select(1, cols))

@@ -99,8 +99,7 @@ TOL = {
         logits={torch.float32: (1e-6, 1e-6, 1e-7), torch.bfloat16: (1e-2, 1e-2, 1e-3)},
         loss=1e-6, norm=1e-6, grad_first=1e-6, grad_last=1e-6, margin=0.0),
     # all-cuda against native CUDA: the same CUDA kernels on the same inputs
-    # (the reference's SDPA is pinned to the math path, the path flagos' SDPA
-    # takes on the cuda driver: csrc/aten/overrideable_ops.cpp), so ~1e-6.
+    # (SDPA included: flagos picks the fused kernel CUDA picks), so ~1e-6.
     ("cuda", "same"): dict(
         logits={torch.float32: (1e-6, 1e-6, 1e-7), torch.bfloat16: (1e-6, 1e-6, 1e-7)},
         loss=1e-6, norm=1e-6, grad_first=1e-6, grad_last=1e-6, margin=0.0),
@@ -172,11 +171,9 @@ class Runs:
             env = {"FLAGOS_BACKEND_CONFIG": self._configs.get(routing), "TORCH_DEVICE_BACKEND_AUTOLOAD": None,
                    "FLAGOS_DISABLE_FLAGGEMS_PY": "1" if routing == "stub_only" else None}
         else:
-            # The reference never loads torch_fl; on cuda its SDPA takes the
-            # math path, as flagos' does there (see TOL).
+            # The reference never loads torch_fl. On cuda its SDPA makes CUDA's
+            # own choice, the kernel flagos' SDPA picks too (csrc/aten/attention.cpp).
             env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "FLAGOS_BACKEND_CONFIG": None}
-            if device == "cuda":
-                args += ["--attn", "sdpa_math"]
         return args, env, out
 
     def _run(self, key):

@@ -33,6 +33,9 @@ def test_hot_operators_have_unboxed_kernels():
 def test_every_call_is_counted_once_whichever_path_ran_it():
     a = torch.randn(5, device="flagos")
     b = torch.randn(5, device="flagos")
+    # The first call of a new FlagGems kernel key runs FlagGems' Python wrapper
+    # (counted as flaggems-python) while the C++ launcher learns the kernel.
+    a + b
     torch_fl.routing.reset_stats()
     for _ in range(17):
         a + b
