@@ -1,7 +1,10 @@
-"""Per-op host time of flagos (cuda driver, default routing) against native CUDA eager.
+"""Per-op host time of flagos (cuda driver) against native CUDA eager.
 
-Both sides run the same CUDA kernels (flagos through its boxed routing path and
-zero-copy views), so the difference is host overhead. Method (docs/benchmarks.md):
+Run with every operator on the cuda route (FLAGOS_BACKEND_CONFIG naming a file
+that says ``* = cuda``, as scripts/gpu_check.sh does): both sides then run the
+same CUDA kernels (flagos through its routing path and zero-copy views), so the
+difference is host overhead. Under another routing the JSON's ``routes`` record
+says which backend served each row. Method (docs/benchmarks.md):
 
 - host time of a case = wall time of one timed block / N, where a block is N
   back-to-back calls (after a short untimed warm-up and a synchronize) followed

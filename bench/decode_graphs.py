@@ -130,7 +130,10 @@ def main(argv=None) -> int:
                     out = fn()
                 eager_out = fn()
                 g.replay()
-                wl.synchronize(dev)
+                try:  # the whole GPU: a device-side error is named with its side
+                    torch.cuda.synchronize()
+                except Exception as e:
+                    raise RuntimeError(f"decode_graphs: the {side!r} side failed in its set-up") from e
                 outs[side] = (out.float().cpu(), eager_out.float().cpu())
             steps[side], graphs[side] = (fn, route), (g, route)
 
@@ -161,6 +164,7 @@ def main(argv=None) -> int:
         res["equal_to_cuda"] = {s: bool(torch.equal(o[0], outs["cuda"][0])) for s, o in outs.items()}
         torch_fl.routing.set_route("*", "")
         del models, steps, graphs
+        report(res, a, ("graph", "eager"))
 
     # ---- torch.compile(mode="reduce-overhead") generate ------------------------------
     if "compile" not in a.skip:
@@ -199,16 +203,26 @@ def main(argv=None) -> int:
                               "tokens_equal_cuda": bool(torch.equal(c["tokens"], base["tokens"]))}
                           for s, c in comp.items()}
 
-    print(f"Qwen3 {a.size} decode, bf16, batch {a.batch}, {res['meta']['gpu']}, torch {torch.__version__}")
-    for kind in ("graph", "eager"):
-        if kind in res:
+        report(res, a, ("compile",))
+    return 0
+
+
+def report(res, a, sections):
+    """Prints the finished sections and writes every result so far to --json, so
+    that a run cut short by a time limit still leaves what it measured."""
+    import torch
+
+    if sections[0] != "compile" or not any(k in res for k in ("graph", "eager")):
+        print(f"Qwen3 {a.size} decode, bf16, batch {a.batch}, {res['meta']['gpu']}, torch {torch.__version__}")
+    for kind in sections:
+        if kind in ("graph", "eager") and kind in res:
             print(f"{kind} decode step ({a.steps} steps x {a.rounds} rounds; x cuda: >1 is faster)")
             for side, r in res[kind].items():
                 print(f"  {side:<16} {r['us_per_step']:>9.1f} us/step  x cuda {r['vs_cuda']:5.3f}  per round "
                       + " ".join(f"{x:.3f}" for x in r["per_round"]))
-    if "graph_equals_eager" in res:
+    if "graph" in sections and "graph_equals_eager" in res:
         print(f"  replay == eager: {res['graph_equals_eager']}; logits == cuda's: {res['equal_to_cuda']}")
-    if "compile" in res:
+    if "compile" in sections and "compile" in res:
         print(f"torch.compile(mode='reduce-overhead') generate, {a.new_tokens} tokens, static cache")
         for side, r in res["compile"].items():
             print(f"  {side:<16} {r['tok_s']:>9.1f} tok/s  x cuda {r['vs_cuda']:5.3f}  first generate "
@@ -217,7 +231,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
-    return 0
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

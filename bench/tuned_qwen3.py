@@ -62,6 +62,7 @@ def infer_child(a) -> int:
     sys.path.insert(0, EXAMPLES)
     import torch
     import qwen3_workload as wl
+    import torch_fl  # noqa: F401  (the flagos device, where autoload is not installed)
 
     cfg = wl.SIZES[a.size]
     model = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)

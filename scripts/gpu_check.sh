@@ -9,7 +9,7 @@
 # the GPU to themselves, bench/cuda_overhead.py and bench/flaggems_ops.py.
 # flaggems-cpp runs scripts/gpu_flaggems_cpp.sh: the C++ launch path of FlagGems
 # kernels validated and measured in one run (docs/flaggems_cpp.md).
-# bench runs bench/cuda_overhead.py (FlagGems off: the routing path's own
+# bench runs bench/cuda_overhead.py (every operator on cuda: the routing path's own
 # cost), bench/flaggems_ops.py and bench/qwen3.py. dist (2+ GPUs) runs the
 # multigpu tests of tests/python/test_distributed.py, then bench/distributed.py
 # with default routing and with every operator on CUDA's kernels. tune runs the tuning,
@@ -26,6 +26,11 @@ what=${1:-all}; shift || true
 source scripts/gpu_setup.sh
 python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices', torch.flagos.device_count())"
 
+# bench/cuda_overhead.py measures the cuda route: every operator on CUDA's kernels.
+# (FLAGOS_DISABLE_FLAGGEMS_PY=1 is FlagGems' C++ stub-only mode, not FlagGems off.)
+ALL_CUDA=$OUT/all-cuda.conf
+printf '* = cuda\n' > "$ALL_CUDA"
+
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   [ $# -eq 0 ] && set -- tests/python
@@ -33,7 +38,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  FLAGOS_DISABLE_FLAGGEMS_PY=1 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
+  FLAGOS_BACKEND_CONFIG=$ALL_CUDA python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
     2>&1 | tee "$OUT/bench.log"
   python3 bench/flaggems_ops.py --json "$OUT/flaggems_ops.json" 2>&1 | tee -a "$OUT/bench.log"
   python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
@@ -59,7 +64,7 @@ if [ "$what" = suite ]; then
   run_group tuning tests/python/test_tuning.py tests/python/test_verify.py tests/python/test_report.py
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   for f in "$OUT"/suite_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/suite.txt"
-  FLAGOS_DISABLE_FLAGGEMS_PY=1 timeout 120 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
+  FLAGOS_BACKEND_CONFIG=$ALL_CUDA timeout 120 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
     2>&1 | tee "$OUT/cuda_overhead.log"
   timeout 90 python3 bench/flaggems_ops.py --rounds 5 --json "$OUT/flaggems_ops.json" \
     2>&1 | tee "$OUT/flaggems_ops.log"
