@@ -47,6 +47,17 @@ def decode_step_fn(model, cache, device, batch):
     return step, ids, pos
 
 
+def rewind(cache, position):
+    """Puts the static cache's write position back to `position`, in place (a
+    captured graph holds the counter's address). transformers 5 writes a step's
+    keys at its own per-layer counter, which every step (and every replay)
+    advances, not at the cache_position passed; 4.x has no counter."""
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if hasattr(counter, "fill_"):
+            counter.fill_(position)
+
+
 def build(size, device, prompt_len, max_len, batch):
     import torch
     from transformers import StaticCache
@@ -113,6 +124,7 @@ def main(argv=None) -> int:
             dev = key
             fn, ids, pos = decode_step_fn(model, cache, dev, a.batch)
             pos.fill_(a.prompt_len)
+            rewind(cache, a.prompt_len)
             if route is not None:
                 torch_fl.routing.set_route("*", route)
             with torch.no_grad():
@@ -126,24 +138,27 @@ def main(argv=None) -> int:
                 with mod.stream(s):
                     fn()
                 wl.synchronize(dev)
-                with mod.graph(g):
+                with mod.graph(g):  # records the step; runs nothing
                     out = fn()
+                rewind(cache, a.prompt_len)
                 eager_out = fn()
+                rewind(cache, a.prompt_len)
                 g.replay()
                 try:  # the whole GPU: a device-side error is named with its side
                     torch.cuda.synchronize()
                 except Exception as e:
                     raise RuntimeError(f"decode_graphs: the {side!r} side failed in its set-up") from e
                 outs[side] = (out.float().cpu(), eager_out.float().cpu())
-            steps[side], graphs[side] = (fn, route), (g, route)
+            steps[side], graphs[side] = (fn, route, cache), (g, route)
 
         def timed(side, kind):
             key, _ = sides[side]
-            fn, route = steps[side]
+            fn, route, cache = steps[side]
             if route is not None:
                 torch_fl.routing.set_route("*", route)
             g = graphs[side][0]
             with torch.no_grad():
+                rewind(cache, a.prompt_len)  # a block of steps writes positions prompt_len...
                 wl.synchronize(key)
                 t0 = time.perf_counter()
                 for _ in range(a.steps):
