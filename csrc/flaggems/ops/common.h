@@ -66,6 +66,35 @@ inline bool wrap_dim(int64_t dim, int64_t ndim, int64_t* out) {
   return true;
 }
 
+// A tensor seen as [M, N, K] around `dim`: M the product of the sizes before
+// it, N its size, K the product of the sizes after it (the view FlagGems'
+// reduction and softmax wrappers take).
+struct AroundDim {
+  int64_t M, N, K;
+};
+inline AroundDim around_dim(const at::Tensor& t, int64_t dim) {
+  const int64_t N = t.size(dim);
+  const int64_t M = prod(t.sizes(), 0, static_cast<size_t>(dim));
+  return {M, N, t.numel() / M / N};
+}
+
+// The "inner" kernel of a row reduction (softmax, mean, argmax with K == 1):
+// one program per row, the row in tiles; writes TILE_N, ONE_TILE_PER_CTA,
+// the grid and the warps.
+inline void inner_row_tiles(Launch& L, int64_t M, int64_t N) {
+  const int64_t tn = heur::tile_n_inner(N);
+  L.i(tn);
+  L.b(tn >= N);
+  L.grid[0] = static_cast<uint32_t>(M);
+  L.num_warps = heur::warps_by_tile(tn);
+}
+
+// The warps and stages of an autotuned kernel's config.
+inline void use_config(Launch& L, const TunedConfig& cfg) {
+  L.num_warps = cfg.num_warps;
+  L.num_stages = cfg.num_stages;
+}
+
 // ---- planners (one per family) ---------------------------------------------
 Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_fill_zero(const OpDesc& op, Call& call, CallPlan& plan);

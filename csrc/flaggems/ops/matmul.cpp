@@ -53,8 +53,7 @@ Outcome plan_bmm(const OpDesc&, Call& call, CallPlan& plan) {
   L.grid[0] = static_cast<uint32_t>(cdiv(M, tm));
   L.grid[1] = static_cast<uint32_t>(cdiv(N, tn));
   L.grid[2] = static_cast<uint32_t>(batch);
-  L.num_warps = cfg->num_warps;
-  L.num_stages = cfg->num_stages;
+  use_config(L, *cfg);
   L.ptr(*a);
   L.ptr(*b);
   L.ptr(out);
@@ -120,8 +119,7 @@ Outcome plan_addmm(const OpDesc&, Call& call, CallPlan& plan) {
   L.start(fn);
   L.grid[0] = static_cast<uint32_t>(cdiv(M, bm));
   L.grid[1] = static_cast<uint32_t>(cdiv(N, bn));
-  L.num_warps = cfg->num_warps;
-  L.num_stages = cfg->num_stages;
+  use_config(L, *cfg);
   L.ptr(a);
   L.ptr(*m2);
   L.ptr(*bias);

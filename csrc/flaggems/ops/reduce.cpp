@@ -35,7 +35,6 @@ using heur::argmax_tile_n;
 using heur::argmax_warps;
 using heur::mean_tile_k;
 using heur::mean_tile_n;
-using heur::tile_n_inner;
 using heur::warps_by_tile;
 
 // The sizes of the result: `dim` dropped, or kept as 1.
@@ -95,9 +94,8 @@ Outcome plan_cumsum(const OpDesc&, Call& call, CallPlan& plan) {
       !int_arg(call.arg(1), &dim) || !wrap_dim(dim, self->dim(), &dim)) {
     return Outcome::kDecline;
   }
-  const int64_t N = self->size(dim);
-  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
-  if (self->numel() / M / N != 1 || N > 16384) return Outcome::kDecline;  // column / long scans
+  const auto [M, N, K] = around_dim(*self, dim);
+  if (K != 1 || N > 16384) return Outcome::kDecline;  // column / long scans
   c10::ScalarType dtype = self->scalar_type();
   if (!call.arg(2).isNone()) {
     if (!call.arg(2).isInt()) return Outcome::kDecline;
@@ -151,9 +149,7 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   }
 
   Outcome o = Outcome::kPlanned;
-  const int64_t N = self->size(dim);
-  const int64_t M = prod(self->sizes(), 0, static_cast<size_t>(dim));
-  const int64_t K = self->numel() / M / N;
+  const auto [M, N, K] = around_dim(*self, dim);
   const bool fp32 = self->scalar_type() == c10::kFloat;
   const int sms = cuda::sm_count(call.device());
   // FlagGems 5.0.2's argmax over a non-inner dim of N <= 128 elements uses
@@ -200,11 +196,7 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
       L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
       L.num_warps = warps_by_tile(tn * tk);
     } else {
-      const int64_t tn = tile_n_inner(N);
-      L.i(tn);
-      L.b(tn >= N);
-      L.grid[0] = static_cast<uint32_t>(M);
-      L.num_warps = warps_by_tile(tn);
+      inner_row_tiles(L, M, N);
     }
   } else {
     L.ptr(inp);
@@ -223,11 +215,7 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
       L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
       L.num_warps = argmax_warps(tn, fp32);
     } else {
-      const int64_t tn = tile_n_inner(N);
-      L.i(tn);
-      L.b(tn >= N);
-      L.grid[0] = static_cast<uint32_t>(M);
-      L.num_warps = warps_by_tile(tn);
+      inner_row_tiles(L, M, N);
     }
   }
   plan.results.push_back(out);

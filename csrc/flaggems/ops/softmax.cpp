@@ -60,9 +60,7 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     // empty_like(output) keeps its strides: served only when contiguous.
     if (!x->is_contiguous()) return Outcome::kDecline;
   }
-  const int64_t N = x->size(dim);
-  const int64_t M = prod(x->sizes(), 0, static_cast<size_t>(dim));
-  const int64_t K = x->numel() / M / N;
+  const auto [M, N, K] = around_dim(*x, dim);
 
   Outcome o = Outcome::kPlanned;
   const JitFn* fn;
@@ -117,8 +115,11 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.i(bn);
     L.grid[0] = static_cast<uint32_t>(cdiv(M, bm));
     L.grid[1] = static_cast<uint32_t>(K);
-    L.num_warps = forward ? 8 : cfg->num_warps;
-    if (!forward) L.num_stages = cfg->num_stages;
+    if (forward) {
+      L.num_warps = 8;
+    } else {
+      use_config(L, *cfg);
+    }
   } else if (K > 1) {
     // Tiles: forward from FlagGems' heuristics, backward from its tuned config.
     const int64_t tk = forward ? heur::softmax_tile_k(M, K, cuda::sm_count(call.device()))
@@ -130,14 +131,13 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.b(tn >= N);
     L.grid[0] = static_cast<uint32_t>(M);
     L.grid[1] = static_cast<uint32_t>(cdiv(K, tk));
-    L.num_warps = forward ? warps_by_tile(tn * tk) : cfg->num_warps;
-    if (!forward) L.num_stages = cfg->num_stages;
+    if (forward) {
+      L.num_warps = warps_by_tile(tn * tk);
+    } else {
+      use_config(L, *cfg);
+    }
   } else if (forward) {
-    const int64_t tn = heur::tile_n_inner(N);
-    L.i(tn);
-    L.b(tn >= N);
-    L.grid[0] = static_cast<uint32_t>(M);
-    L.num_warps = warps_by_tile(tn);
+    inner_row_tiles(L, M, N);
   } else {
     const int64_t tn = cfg->values[0];
     const int64_t tm = std::max<int64_t>(1, 1024 / tn);
@@ -145,8 +145,7 @@ Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan) {
     L.i(tn);
     L.b(tn >= N);
     L.grid[0] = static_cast<uint32_t>(cdiv(M, tm));
-    L.num_warps = cfg->num_warps;
-    L.num_stages = cfg->num_stages;
+    use_config(L, *cfg);
   }
   plan.results.push_back(out);
   return Outcome::kPlanned;
