@@ -61,42 +61,38 @@ struct Value {
   // Trivial on purpose: plans hold arrays of values on the stack, per call.
   Value() noexcept = default;
   static Value pointer(uint64_t p, TType elem) noexcept {
-    Value v;
-    v.kind = Kind::kPtr;
-    v.elem = elem;
+    Value v = of(Kind::kPtr, elem);
     v.ptr = p;
     return v;
   }
   static Value integer(int64_t x) noexcept {
-    Value v;
-    v.elem = TType::kInvalid;
-    v.kind = Kind::kInt;
+    Value v = of(Kind::kInt);
     v.i = x;
     return v;
   }
   static Value floating(double x) noexcept {
-    Value v;
-    v.elem = TType::kInvalid;
-    v.kind = Kind::kFloat;
+    Value v = of(Kind::kFloat);
     v.f = x;
     return v;
   }
   static Value boolean(bool x) noexcept {
-    Value v;
-    v.elem = TType::kInvalid;
-    v.kind = Kind::kBool;
-    v.i = 0;
+    Value v = of(Kind::kBool);
     v.b = x;
     return v;
   }
-  static Value none() noexcept {
+  static Value none() noexcept { return of(Kind::kNone); }
+  bool operator==(const Value& o) const noexcept;
+
+ private:
+  // The payload zeroed first, so that a bool or None carries no stale bytes
+  // (the disk cache writes values whole).
+  static Value of(Kind kind, TType elem = TType::kInvalid) noexcept {
     Value v;
-    v.kind = Kind::kNone;
-    v.elem = TType::kInvalid;
+    v.kind = kind;
+    v.elem = elem;
     v.ptr = 0;
     return v;
   }
-  bool operator==(const Value& o) const noexcept;
 };
 
 // Triton's specialization attribute: None, '' or 'D' (divisible by 16).
