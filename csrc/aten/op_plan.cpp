@@ -72,6 +72,14 @@ std::string op_key(const c10::OperatorName& name) {
   return key;
 }
 
+c10::OperatorName aten_operator_name(std::string_view key) {
+  if (key.rfind("aten::", 0) == 0) key.remove_prefix(6);
+  const size_t dot = key.find('.');
+  return c10::OperatorName(
+      "aten::" + std::string(key.substr(0, dot)),
+      dot == std::string_view::npos ? std::string() : std::string(key.substr(dot + 1)));
+}
+
 OpPlan& plan_for(const c10::OperatorHandle& op) {
   const void* key = &op.schema();
   thread_local ska::flat_hash_map<const void*, OpPlan*> cache;

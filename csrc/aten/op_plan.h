@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <string_view>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
@@ -64,6 +65,10 @@ struct OpPlan {
 // The operator's name as routing, configs and registrations write it:
 // "add.Tensor", "mm", "ns::op.overload" (the "aten::" prefix dropped).
 std::string op_key(const c10::OperatorName& name);
+
+// The inverse of op_key for aten operators: "add.Tensor" (or
+// "aten::add.Tensor") -> {"aten::add", "Tensor"}.
+c10::OperatorName aten_operator_name(std::string_view key);
 
 // The plan of `op`, built on first use. Thread-safe; lock-free after the first
 // call from a thread.

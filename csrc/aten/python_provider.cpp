@@ -28,14 +28,11 @@ Table& table() {
 void set_python_invoker(PythonInvoker invoker) { g_invoker.store(invoker); }
 
 bool register_python_kernel(const std::string& op_name, int64_t kernel) {
-  std::string name = op_name.rfind("aten::", 0) == 0 ? op_name.substr(6) : op_name;
-  auto dot = name.find('.');
-  c10::OperatorName opname("aten::" + name.substr(0, dot),
-                           dot == std::string::npos ? "" : name.substr(dot + 1));
+  const c10::OperatorName opname = aten_operator_name(op_name);
   if (!c10::Dispatcher::singleton().findSchema(opname)) return false;
   auto& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.kernels[name] = kernel;
+  t.kernels[op_key(opname)] = kernel;
   return true;
 }
 

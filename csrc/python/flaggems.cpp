@@ -5,6 +5,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include "aten/op_plan.h"
 #include "flaggems/cuda_launch.h"
 #include "flaggems/disk_cache.h"
 #include "flaggems/launcher.h"
@@ -218,10 +219,7 @@ class PySide final : public PythonSide {
 };
 
 c10::OperatorHandle find_op(const std::string& name) {
-  auto dot = name.find('.');
-  c10::OperatorName opname("aten::" + name.substr(0, dot),
-                           dot == std::string::npos ? "" : name.substr(dot + 1));
-  auto op = c10::Dispatcher::singleton().findSchema(opname);
+  auto op = c10::Dispatcher::singleton().findSchema(aten::aten_operator_name(name));
   TORCH_CHECK_VALUE(op.has_value(), "no aten operator '", name, "'");
   return *op;
 }
