@@ -50,10 +50,7 @@ if [ "$what" = suite ]; then
     pids+=($!)
   }
   pids=()
-  for i in $(seq 0 7); do
-    FLAGOS_TEST_SHARD=$i/8 FLAGGEMS_CACHE_DIR=/tmp/fg-cache/cpp$i FLAGOS_FLAGGEMS_VERIFY=strict \
-      run_group "flaggems_cpp$i" tests/python/test_flaggems_cpp.py
-  done
+  start_flaggems_cpp_shards "${SUITE_S:-300}" /tmp/fg-cache suite_flaggems_cpp
   FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
   run_group flaggems tests/python/test_flaggems.py -m "not slow"
   run_group compile tests/python/test_compile.py

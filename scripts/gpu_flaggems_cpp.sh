@@ -35,14 +35,8 @@ python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), '| C++ op
 echo "== tests ($(left) s left)"
 T=$(( $(left) - 240 ))  # keep ~240 s for the benchmarks
 [ "$T" -lt 120 ] && T=120
-SHARDS=8
 pids=()
-for i in $(seq 0 $((SHARDS - 1))); do
-  FLAGOS_TEST_SHARD=$i/$SHARDS FLAGGEMS_CACHE_DIR=$CACHE/flaggems$i FLAGOS_FLAGGEMS_VERIFY=strict \
-    timeout "$T" python3 -m pytest -q -rfs -p no:cacheprovider tests/python/test_flaggems_cpp.py \
-    > "$OUT/cpp_shard$i.log" 2>&1 &
-  pids+=($!)
-done
+start_flaggems_cpp_shards "$T" "$CACHE" cpp_shard
 FLAGGEMS_CACHE_DIR=$CACHE/flaggems-e2e FLAGOS_QWEN3_PARALLEL=4 timeout "$T" python3 -m pytest -q -rfs \
   -p no:cacheprovider tests/python/test_qwen3.py -m cuda -k "default or stub_only" \
   > "$OUT/qwen3_e2e.log" 2>&1 &

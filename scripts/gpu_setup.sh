@@ -24,3 +24,16 @@ if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/b
 fi
 echo "build: $(( $(date +%s) - build_start )) s"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} FLAGOS_REPORT_DIR=$OUT
+
+# Starts tests/python/test_flaggems_cpp.py in 8 background shards under strict
+# verification, each with a FlagGems cache of its own below $2 and bounded by
+# $1 seconds; logs $OUT/<$3><shard>.log; appends the pids to the array `pids`.
+start_flaggems_cpp_shards() {
+  local limit=$1 cache=$2 log=$3 i
+  for i in $(seq 0 7); do
+    FLAGOS_TEST_SHARD=$i/8 FLAGGEMS_CACHE_DIR=$cache/flaggems$i FLAGOS_FLAGGEMS_VERIFY=strict \
+      timeout "$limit" python3 -m pytest -q -rfs -p no:cacheprovider tests/python/test_flaggems_cpp.py \
+      > "$OUT/$log$i.log" 2>&1 &
+    pids+=($!)
+  done
+}
