@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     if "flaggems" in a.skip or not torch_fl.is_flaggems_enabled():
         routes.pop("flagos")
     res = {"meta": {**meta, "flaggems": torch_fl.is_flaggems_enabled()}}
+    print(f"Qwen3 {a.size} decode, bf16, batch {a.batch}, {meta['gpu']}, torch {torch.__version__}")
     med = statistics.median
 
     def compare(times):
@@ -225,10 +226,6 @@ def main(argv=None) -> int:
 def report(res, a, sections):
     """Prints the finished sections and writes every result so far to --json, so
     that a run cut short by a time limit still leaves what it measured."""
-    import torch
-
-    if sections[0] != "compile" or not any(k in res for k in ("graph", "eager")):
-        print(f"Qwen3 {a.size} decode, bf16, batch {a.batch}, {res['meta']['gpu']}, torch {torch.__version__}")
     for kind in sections:
         if kind in ("graph", "eager") and kind in res:
             print(f"{kind} decode step ({a.steps} steps x {a.rounds} rounds; x cuda: >1 is faster)")
