@@ -15,6 +15,7 @@
 #include "aten/native_view.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/flagos_tensor.h"
 #include "runtime/storage.h"
 #include "runtime/stream.h"
 
@@ -34,31 +35,19 @@ void check_layout(std::optional<c10::Layout> layout) {
               "flagos supports only strided tensors, got layout ", *layout);
 }
 
-// A flagos tensor over fresh memory: a FlagosStorage (so its native twin
-// exists from the start) and a TensorImpl with the given geometry.
+// A flagos tensor over fresh memory (runtime/flagos_tensor.h), laid out in
+// `memory_format` when no strides are given.
 at::Tensor new_flagos_tensor(c10::IntArrayRef size, std::optional<c10::IntArrayRef> stride,
                              std::optional<c10::ScalarType> dtype,
                              std::optional<c10::Device> device,
                              std::optional<c10::MemoryFormat> memory_format) {
   at::detail::check_size_nonnegative(size);
-  const auto meta = c10::scalarTypeToTypeMeta(c10::dtype_or_default(dtype));
-  const size_t nbytes =
-      stride ? at::detail::computeStorageNbytes(size, *stride, meta.itemsize())
-             : at::detail::computeStorageNbytesContiguous(size, meta.itemsize());
-  auto tensor = at::detail::make_tensor_base<c10::TensorImpl>(
-      c10::Storage(runtime::allocate_flagos_storage(target_device(device), nbytes)),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
-  auto* impl = tensor.unsafeGetTensorImpl();
-  if (stride) {
-    impl->set_sizes_and_strides(size, *stride);
-  } else {
-    // A fresh TensorImpl is the 1-d empty tensor already.
-    if (size.size() != 1 || size[0] != 0) impl->set_sizes_contiguous(size);
-    if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Contiguous) {
-      impl->empty_tensor_restride(*memory_format);
-    }
+  at::Tensor t = runtime::empty_flagos(target_device(device), size, stride,
+                                       c10::dtype_or_default(dtype));
+  if (!stride && memory_format.has_value() && *memory_format != c10::MemoryFormat::Contiguous) {
+    t.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
   }
-  return at::Tensor(std::move(tensor));
+  return t;
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size,

@@ -1,6 +1,6 @@
 // Call: argument access and allocation for family planners. Outputs are flagos
-// tensors made directly (a FlagosStorage from the flagos allocator and a
-// TensorImpl), as torch_fl's own empty does, without a dispatch.
+// tensors made without a dispatch (runtime/flagos_tensor.h), as torch_fl's own
+// empty makes them.
 
 #include <cstring>
 
@@ -12,7 +12,7 @@
 #include "flaggems/plan.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
-#include "runtime/storage.h"
+#include "runtime/flagos_tensor.h"
 
 namespace torch_fl::flaggems {
 
@@ -65,35 +65,13 @@ const TunedConfig* Call::tuned(TunerSlot& tuner, const int64_t* key, int n, Call
   return nullptr;
 }
 
-namespace {
-
-at::Tensor new_tensor(c10::IntArrayRef sizes, std::optional<c10::IntArrayRef> strides,
-                      c10::ScalarType dtype, c10::DeviceIndex device) {
-  const auto meta = c10::scalarTypeToTypeMeta(dtype);
-  const size_t nbytes =
-      strides ? at::detail::computeStorageNbytes(sizes, *strides, meta.itemsize())
-              : at::detail::computeStorageNbytesContiguous(sizes, meta.itemsize());
-  auto tensor = at::detail::make_tensor_base<c10::TensorImpl>(
-      c10::Storage(runtime::allocate_flagos_storage(device, nbytes)),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
-  auto* impl = tensor.unsafeGetTensorImpl();
-  if (strides) {
-    impl->set_sizes_and_strides(sizes, *strides);
-  } else if (sizes.size() != 1 || sizes[0] != 0) {
-    impl->set_sizes_contiguous(sizes);
-  }
-  return at::Tensor(std::move(tensor));
-}
-
-}  // namespace
-
 at::Tensor Call::empty(c10::IntArrayRef sizes, c10::ScalarType dtype) const {
-  return new_tensor(sizes, std::nullopt, dtype, device_);
+  return runtime::empty_flagos(device_, sizes, std::nullopt, dtype);
 }
 
 at::Tensor Call::empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides,
                                c10::ScalarType dtype) const {
-  return new_tensor(sizes, strides, dtype, device_);
+  return runtime::empty_flagos(device_, sizes, strides, dtype);
 }
 
 at::Tensor Call::empty_like(const at::Tensor& t, c10::ScalarType dtype) const {
