@@ -141,22 +141,31 @@ def _recording_driver(rng):
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _values(g, shape, dtype):
+    """Random CPU values: normal floats, bools about half true, small ints."""
+    if dtype == torch.bool:
+        return torch.randn(*shape, generator=g) > 0
+    if not dtype.is_floating_point:
+        return torch.randint(-100, 100, tuple(shape), generator=g).to(dtype)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
 def _tensor(rng, g, shape, dtype, layout):
     """A flagos tensor of `shape` in one of the layouts the planners distinguish."""
     if layout == "transposed" and len(shape) >= 2:
-        t = torch.randn(*reversed(shape), generator=g).to(dtype).t() if len(shape) == 2 else \
-            torch.randn(*shape, generator=g).to(dtype).transpose(0, -1).contiguous().transpose(0, -1)
+        t = _values(g, list(reversed(shape)), dtype).t() if len(shape) == 2 else \
+            _values(g, shape, dtype).transpose(0, -1).contiguous().transpose(0, -1)
         return t.to("flagos") if t.is_contiguous() else _strided_copy(t)
     if layout == "sliced":
-        base = torch.randn(*shape[:-1], shape[-1] * 2, generator=g).to(dtype).to("flagos")
+        base = _values(g, [*shape[:-1], shape[-1] * 2], dtype).to("flagos")
         return base[..., ::2]
     if layout == "misaligned":
         n = 1
         for s in shape:
             n *= s
-        base = torch.randn(n + 1, generator=g).to(dtype).to("flagos")
+        base = _values(g, [n + 1], dtype).to("flagos")
         return base[1:].view(shape)
-    return torch.randn(*shape, generator=g).to(dtype).to("flagos")
+    return _values(g, shape, dtype).to("flagos")
 
 
 def _strided_copy(t):
@@ -294,7 +303,42 @@ def data_cases(rng, g):
     return "zero_", (x,), {}, f"{str(dtype)[6:]} {list(x.shape)}"
 
 
-FAMILIES = {"pointwise": pointwise_cases, "reduction": reduction_cases, "data": data_cases}
+def mask_cases(rng, g):
+    """Bool and integer operands (attention masks): bitwise and/or/not, masked_fill
+    with a bool mask that broadcasts, and max of a whole tensor."""
+    rank = rng.randint(1, 4)
+    shape = _shape(rng, rank)
+    while torch.Size(shape).numel() > 2**18:
+        shape[rng.randrange(rank)] = 2
+    layout = rng.choice(["contiguous", "transposed", "sliced", "misaligned"])
+    op = rng.choice(["bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_and_.Tensor", "bitwise_or_.Tensor",
+                     "bitwise_not", "bitwise_not_", "masked_fill_.Scalar", "max"])
+    if op == "masked_fill_.Scalar":
+        dtype = rng.choice(DTYPES + (torch.int64,))
+        x = _tensor(rng, g, shape, dtype, layout)
+        mshape = rng.choice([shape, [1] * (rank - 1) + shape[-1:], shape[:-1] + [1], shape[-2:]])
+        mask = _tensor(rng, g, mshape, torch.bool, rng.choice(["contiguous", "sliced"]))
+        value = rng.choice([0, -1e4, float("-inf"), 3]) if dtype.is_floating_point else rng.choice([0, 7])
+        return op, (x, mask, value), {}, f"{str(dtype)[6:]} {list(x.shape)}/{list(x.stride())} mask{mshape}"
+    if op == "max":
+        dtype = rng.choice(DTYPES + (torch.int64, torch.int32))
+        x = _tensor(rng, g, shape, dtype, "contiguous")
+        return op, (x,), {}, f"{str(dtype)[6:]} {list(x.shape)}"
+    dtype = rng.choice([torch.bool, torch.bool, torch.int64, torch.int32, torch.uint8])
+    x = _tensor(rng, g, shape, dtype, layout)
+    label = f"{str(dtype)[6:]} {list(x.shape)}/{list(x.stride())}+{x.storage_offset()}"
+    if op.startswith("bitwise_not"):
+        return op, (x,), {}, label
+    other = rng.choice(["same", "broadcast", "layout"])
+    if other == "broadcast":
+        y = _tensor(rng, g, shape[-1:], dtype, "contiguous")
+    else:
+        y = _tensor(rng, g, shape, dtype, layout if other == "layout" else "contiguous")
+    return op, (x, y), {}, label + f" y{list(y.shape)}/{list(y.stride())}"
+
+
+FAMILIES = {"pointwise": pointwise_cases, "reduction": reduction_cases, "data": data_cases,
+            "mask": mask_cases}
 
 
 def online(wrappers, stub_only) -> int:

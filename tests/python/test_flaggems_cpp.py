@@ -4,7 +4,8 @@ Every operator the C++ path serves must give results bitwise equal to
 FlagGems' own Python path, on fresh random inputs (the seed is printed;
 FLAGOS_TEST_SEED reproduces a run) in float32, bfloat16 and float16, for
 contiguous, strided (transposed, sliced), broadcast and misaligned (storage
-offset of one element) operands. Per case: the result with the C++ path off
+offset of one element) operands; bool and integer ones for the bitwise
+operators, masked_fill's mask and max. Per case: the result with the C++ path off
 (FlagGems' wrapper), then with it on, twice (the first call of a kernel key
 checks the plan against the wrapper's launch and admits the kernel; the second
 is launched from C++), and once more on another shape (same kernel key, a plan
@@ -201,6 +202,44 @@ OTHERS = [
            ("contiguous",)),
 ]
 
+# Bool and integer operands (attention masks): bitwise and/or/not, masked_fill with
+# a bool mask, and max of a whole tensor; each case lists its dtypes.
+INT_DTYPES = (torch.bool, torch.int64, torch.int32)
+DT.update({torch.bool: "bool", torch.int64: "i64", torch.int32: "i32"})
+
+
+def mask_values(g, shape, dtype):
+    if dtype == torch.bool:
+        return torch.randn(*shape, generator=g) > 0
+    if dtype.is_floating_point:
+        return randn(g, shape, dtype)
+    return torch.randint(-100, 100, tuple(shape), generator=g).to(dtype)
+
+
+def _two(g, s, d):
+    return [mask_values(g, s, d), mask_values(g, s, d)]
+
+
+def _with_mask(g, s, d):
+    return [randn(g, s, d), torch.randn(*s, generator=g) > 0]
+
+
+MASKS = [
+    ("bitwise_and.Tensor", _two, lambda c, l: place(c[0], l) & place(c[1], "contiguous"), INT_DTYPES),
+    ("bitwise_or.Tensor", _two, lambda c, l: place(c[0], l) | c[1][:1].to(DEV), INT_DTYPES),
+    ("bitwise_and_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_and_(place(c[1], l)), INT_DTYPES),
+    ("bitwise_or_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_or_(c[1][:1].to(DEV)), INT_DTYPES),
+    ("bitwise_not", _two, lambda c, l: ~place(c[0], l), INT_DTYPES),
+    ("bitwise_not_", _two, lambda c, l: place(c[0], l).bitwise_not_(), INT_DTYPES),
+    # masked_fill.Scalar is clone + masked_fill_ before any device kernel.
+    ("masked_fill_.Scalar", _with_mask, lambda c, l: place(c[0], l).masked_fill(c[1][:1].to(DEV), -1e4),
+     DTYPES),
+    ("masked_fill_.Scalar", _with_mask, lambda c, l: place(c[0], l).masked_fill_(place(c[1], l), 0.5),
+     DTYPES),
+    ("max", lambda g, s, d: [mask_values(g, s, d)], lambda c, l: place(c[0], "contiguous").max(),
+     DTYPES + (torch.int64,)),
+]
+
 # Two shapes per case: the first is checked online (capture); the second
 # shares the pointwise kernels' keys (same divisibility, ==1 and tile classes),
 # so it runs a plan that was never checked online.
@@ -222,6 +261,11 @@ def all_cases():
         for layout in layouts:
             for dtype in DTYPES:
                 cases.append(Case(op, f"{i:02d}-{op}", dtype, layout, SHAPES[2], build, run))
+    for i, (op, build, run, dtypes) in enumerate(MASKS):
+        layouts = ("contiguous",) if op == "max" else ("contiguous", "transposed", "sliced")
+        for layout in layouts:
+            for dtype in dtypes:
+                cases.append(Case(op, f"m{i:02d}-{op}", dtype, layout, SHAPES[2], build, run))
     shard = os.environ.get("FLAGOS_TEST_SHARD")
     if shard:
         k, n = (int(v) for v in shard.split("/"))

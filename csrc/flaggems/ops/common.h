@@ -99,7 +99,7 @@ inline void use_config(Launch& L, const TunedConfig& cfg) {
 Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_fill_zero(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan);
-Outcome plan_all(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_whole_reduce(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_cumsum(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_cat(const OpDesc& op, Call& call, CallPlan& plan);
@@ -120,6 +120,16 @@ struct PointwiseOp {
   int8_t nargs = 0;
   bool inplace = false;    // out0 = self (aten argument 0)
   bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
+  bool masked = false;     // masked_fill: aten argument 1 a bool mask broadcast to self's shape
+};
+
+// A reduction of a whole tensor to a 0-d result in two kernels (all, max): per-
+// block partial results of sqrt(n) elements, then their reduction.
+struct WholeReduce {
+  KernelSlot* first;
+  KernelSlot* second;
+  bool passes_mid_size;  // all_kernel_1 takes mid_size; max_kernel_1 does not
+  bool bool_result;      // all: bool partials and result; max: the input's dtype
 };
 
 enum class Reduce : uint8_t { kMean, kArgmax };

@@ -1,5 +1,5 @@
 // One-dimension reductions: mean.dim (ops/mean.py mean_dim_comm, one dim),
-// argmax with a dim (ops/argmax.py), and all (ops/all.py, no dim). Each
+// argmax with a dim (ops/argmax.py), all and max with no dim. Each
 // views the input as [M, N, K] around the reduced dim (after .contiguous()),
 // and picks a kernel by K: FlagGems' heuristics (runtime/backend/_nvidia/
 // heuristics_config_utils.py) recomputed here, SM count included.
@@ -24,9 +24,6 @@ KernelSlot g_argmax_non_inner{"flag_gems.ops.argmax", "argmax_kernel_non_inner",
                                "ONE_TILE_PER_CTA"}};
 KernelSlot g_argmax_inner{"flag_gems.ops.argmax", "argmax_kernel_inner",
                           {"inp", "out_index", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
-KernelSlot g_all_1{"flag_gems.ops.all", "all_kernel_1",
-                   {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
-KernelSlot g_all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
 KernelSlot g_cumsum_row{"flag_gems.ops.cumsum", "reduce_then_scan_root_scan_kernel_row",
                         {"in_ptr", "out_ptr", "N", "TILE_SIZE"}};
 
@@ -50,22 +47,27 @@ c10::SmallVector<int64_t, 6> reduced_shape(c10::IntArrayRef sizes, int64_t dim, 
 
 }  // namespace
 
-// all(self): two kernels (per-block partial results, then their reduction).
-Outcome plan_all(const OpDesc&, Call& call, CallPlan& plan) {
+// all(self), max(self): two kernels (per-block partial results, then their
+// reduction) over the input as a flat buffer (FlagGems' wrappers: max makes
+// it contiguous first, all reads it as is; a strided input goes to them).
+Outcome plan_whole_reduce(const OpDesc& op, Call& call, CallPlan& plan) {
+  const auto& r = *static_cast<const WholeReduce*>(op.family);
   const at::Tensor* self = call.tensor(0);
-  if (!self || !self->is_contiguous() || elem_type(self->scalar_type()) == abi::TType::kInvalid) {
-    return Outcome::kDecline;  // all_kernel_1 reads the input as a flat buffer
+  if (!self || !self->is_contiguous() || self->numel() == 0 ||
+      elem_type(self->scalar_type()) == abi::TType::kInvalid) {
+    return Outcome::kDecline;  // empty: max raises, all is true; not planned here
   }
   Outcome o = Outcome::kPlanned;
-  const JitFn* k1 = need(g_all_1, plan, &o);
+  const JitFn* k1 = need(*r.first, plan, &o);
   if (!k1) return o;
-  const JitFn* k2 = need(g_all_2, plan, &o);
+  const JitFn* k2 = need(*r.second, plan, &o);
   if (!k2) return o;
   const int64_t n = self->numel();
   const int64_t block = next_pow2(static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n)))));
   const int64_t mid_size = cdiv(n, block);
-  at::Tensor mid = call.empty({mid_size}, c10::kBool);
-  at::Tensor out = call.empty({}, c10::kBool);
+  const c10::ScalarType dtype = r.bool_result ? c10::kBool : self->scalar_type();
+  at::Tensor mid = call.empty({mid_size}, dtype);
+  at::Tensor out = call.empty({}, dtype);
   plan.keep.push_back(mid);
   Launch& a = plan.add_launch();
   a.start(k1);
@@ -73,7 +75,7 @@ Outcome plan_all(const OpDesc&, Call& call, CallPlan& plan) {
   a.ptr(*self);
   a.ptr(mid);
   a.i(n);
-  a.i(mid_size);
+  if (r.passes_mid_size) a.i(mid_size);
   a.i(block);
   Launch& b = plan.add_launch();
   b.start(k2);

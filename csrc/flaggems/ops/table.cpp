@@ -34,6 +34,16 @@ PointwiseSlot ge_scalar_func{"flag_gems.ops.ge", "ge_func_scalar"};
 PointwiseSlot lerp_head{"flag_gems.ops.lerp", "lerp_scalar_kernel_head"};
 PointwiseSlot lerp_tail{"flag_gems.ops.lerp", "lerp_scalar_kernel_tail"};
 PointwiseSlot where_func{"flag_gems.ops.where", "where_inner"};
+PointwiseSlot and_func{"flag_gems.ops.bitwise_and", "bitwise_and_func"};
+PointwiseSlot or_func{"flag_gems.ops.bitwise_or", "bitwise_or_func"};
+PointwiseSlot not_func{"flag_gems.ops.bitwise_not", "bitwise_not_func"};
+PointwiseSlot masked_fill_func{"flag_gems.ops.masked_fill", "masked_fill_kernel"};
+
+// Whole-tensor reductions (ops/all.py, ops/max.py).
+KernelSlot all_1{"flag_gems.ops.all", "all_kernel_1", {"inp", "mid", "n_elements", "mid_size", "BLOCK_SIZE"}};
+KernelSlot all_2{"flag_gems.ops.all", "all_kernel_2", {"mid", "out", "MID_SIZE", "BLOCK_MID"}};
+KernelSlot max_1{"flag_gems.ops.max", "max_kernel_1", {"inp", "mid", "M", "BLOCK_SIZE"}};
+KernelSlot max_2{"flag_gems.ops.max", "max_kernel_2", {"mid", "out", "mid_size", "BLOCK_MID"}};
 
 // aten argument index per positional argument of the FlagGems function.
 const PointwiseOp kAdd{&add_func, nullptr, {0, 1, 2}, 3};
@@ -68,6 +78,16 @@ const PointwiseOp kGeScalar{&ge_scalar_func, nullptr, {0, 1}, 2};
 const PointwiseOp kLerp{&lerp_head, &lerp_tail, {0, 1, 2}, 3};
 const PointwiseOp kLerpInplace{&lerp_head, &lerp_tail, {0, 1, 2}, 3, true};
 const PointwiseOp kWhere{&where_func, nullptr, {0, 1, 2}, 3, false, true};
+const PointwiseOp kAnd{&and_func, nullptr, {0, 1}, 2};
+const PointwiseOp kAndInplace{&and_func, nullptr, {0, 1}, 2, true};
+const PointwiseOp kOr{&or_func, nullptr, {0, 1}, 2};
+const PointwiseOp kOrInplace{&or_func, nullptr, {0, 1}, 2, true};
+const PointwiseOp kNot{&not_func, nullptr, {0}, 1};
+const PointwiseOp kNotInplace{&not_func, nullptr, {0}, 1, true};
+const PointwiseOp kMaskedFillInplace{&masked_fill_func, nullptr, {0, 1, 2}, 3, true, false, true};
+
+const WholeReduce kAll{&all_1, &all_2, /*passes_mid_size=*/true, /*bool_result=*/true};
+const WholeReduce kMax{&max_1, &max_2, /*passes_mid_size=*/false, /*bool_result=*/false};
 
 const Reduce kMean = Reduce::kMean;
 const Reduce kArgmax = Reduce::kArgmax;
@@ -109,10 +129,21 @@ OpDesc g_ops[] = {
     {"lerp.Scalar", plan_pointwise, &kLerp},
     {"lerp_.Scalar", plan_pointwise, &kLerpInplace},
     {"where.self", plan_pointwise, &kWhere},
+    // The .Scalar bitwise overloads and masked_fill.Scalar never reach a device
+    // kernel: PyTorch turns them into the .Tensor overloads (the scalar as a
+    // 0-d CPU tensor, which goes to FlagGems' wrapper) and clone + masked_fill_.
+    {"bitwise_and.Tensor", plan_pointwise, &kAnd},
+    {"bitwise_and_.Tensor", plan_pointwise, &kAndInplace},
+    {"bitwise_or.Tensor", plan_pointwise, &kOr},
+    {"bitwise_or_.Tensor", plan_pointwise, &kOrInplace},
+    {"bitwise_not", plan_pointwise, &kNot},
+    {"bitwise_not_", plan_pointwise, &kNotInplace},
+    {"masked_fill_.Scalar", plan_pointwise, &kMaskedFillInplace},
     {"zero_", plan_fill_zero, nullptr},
     {"mean.dim", plan_reduce_dim, &kMean},
     {"argmax", plan_reduce_dim, &kArgmax},
-    {"all", plan_all, nullptr},
+    {"all", plan_whole_reduce, &kAll},
+    {"max", plan_whole_reduce, &kMax},
     {"cumsum", plan_cumsum, nullptr},
     {"_softmax", plan_softmax, &kSoftmax},
     {"_softmax_backward_data", plan_softmax, &kSoftmaxBackward},
