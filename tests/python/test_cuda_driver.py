@@ -111,6 +111,27 @@ def test_events_time_gpu_work():
     assert 0 < ms < 10_000
 
 
+def test_profiler_records_kernels_of_flagos_operators(cuda_kernels):
+    """torch.profiler with CUDA activity sees the kernels flagos launches, with
+    their device time. With a PrivateUse1 backend registered, Kineto reports
+    GPU activity under that device type (the `flagos` columns), not CUDA's."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    x = fresh(512, 512).to("flagos")
+    torch.flagos.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        y = x @ x
+        torch.flagos.synchronize()
+    close(y, x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-3)
+    gpu = [e for e in prof.events() if e.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1)]
+    assert gpu, "no GPU activity recorded"
+    assert {e.device_type for e in gpu} == {DeviceType.PrivateUse1}
+    assert sum(e.time_range.elapsed_us() for e in gpu) > 0
+    mm = [e for e in prof.key_averages() if e.key == "aten::mm"]
+    assert mm and mm[0].device_time_total > 0
+
+
 def test_seeded_randomness_equals_cuda(cuda_kernels):
     for fn in (lambda d: torch.randn(1000, device=d),
                lambda d: torch.rand(37, 5, device=d),

@@ -1,0 +1,165 @@
+"""Where a Qwen3 workload's time goes on one configuration: wall time per step,
+the device's kernel time, and the kernels, copies and top-level operators of
+one profiled step (torch.profiler, CPU and CUDA activities). Two JSON files,
+compared, show what flagos adds over native CUDA:
+
+    python scripts/profile_qwen3.py --config cuda --what train-fp32 --json cuda.json
+    python scripts/profile_qwen3.py --config "flagos all-cuda" --what train-fp32 --json fl.json
+    python scripts/profile_qwen3.py --compare cuda.json fl.json
+
+Each configuration runs in its own process (as bench/qwen3.py's training does).
+"""
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+CONFIGS = ("cuda", "flagos all-cuda", "flagos")
+WHATS = ("train-fp32", "train-bf16", "generate")
+
+
+def workload(a):
+    """Returns (device, one-step callable) for the configuration."""
+    import torch
+    import qwen3_workload as wl
+
+    device = "cuda" if a.config == "cuda" else "flagos"
+    if device == "flagos":
+        import torch_fl
+
+        torch_fl.routing.set_route("*", "cuda" if a.config == "flagos all-cuda" else "")
+    cfg = wl.SIZES[a.size]
+    if a.what == "generate":
+        model = wl.build_model(a.size, torch.bfloat16, device, seed=0)
+        model.generation_config.pad_token_id = 0
+        ids = wl.prompt_ids(cfg["vocab_size"], a.batch, 32, seed=a.batch).to(device)
+
+        def step():
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
+                               do_sample=False, use_cache=True, pad_token_id=0)
+        return device, step
+    model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = wl.train_batches(cfg["vocab_size"], a.batch, 128, seed=0).to(device)[0]
+    amp = a.what == "train-bf16"
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            loss = model(input_ids=x, labels=x, use_cache=False).loss
+        loss.backward()
+        opt.step()
+    return device, step
+
+
+def busy_us(intervals):
+    """Length of the union of [start, end) intervals (µs)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def profile(a) -> dict:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    import qwen3_workload as wl
+
+    device, step = workload(a)
+    for _ in range(a.warmup):
+        step()
+    wl.synchronize(device)
+    walls = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        step()
+        wl.synchronize(device)
+        walls.append(time.perf_counter() - t0)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        wl.synchronize(device)
+        prof_wall = time.perf_counter() - t0
+    kernels = collections.defaultdict(lambda: [0, 0.0])
+    ops = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
+    for e in prof.events():
+        # With a PrivateUse1 backend registered, Kineto reports every GPU
+        # kernel and copy as that device's, CUDA's own included.
+        if e.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1):
+            k = kernels[e.name[:120]]
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+            spans.append((e.time_range.start, e.time_range.end))
+        elif e.cpu_parent is None and e.name.startswith("aten::"):
+            o = ops[e.name]
+            o[0] += 1
+            o[1] += e.cpu_time_total
+    return {"config": a.config, "what": a.what, "batch": a.batch, "size": a.size,
+            "wall_ms": statistics.median(walls) * 1e3, "walls_ms": [w * 1e3 for w in walls],
+            "profiled_wall_ms": prof_wall * 1e3, "device_busy_ms": busy_us(spans) / 1e3,
+            "kernel_ms": sum(v[1] for v in kernels.values()) / 1e3,
+            "launches": sum(v[0] for v in kernels.values()),
+            "kernels": {k: v for k, v in kernels.items()}, "top_ops": {k: v for k, v in ops.items()}}
+
+
+def compare(a_path, b_path, top):
+    a, b = (json.load(open(p)) for p in (a_path, b_path))
+    print(f"{a['what']} batch {a['batch']}: {a['config']} | {b['config']}")
+    for key in ("wall_ms", "profiled_wall_ms", "device_busy_ms", "kernel_ms", "launches"):
+        print(f"  {key:18s} {a[key]:12.2f} {b[key]:12.2f}  x{b[key] / max(a[key], 1e-9):.3f}")
+    for title, field in (("kernels (count, ms)", "kernels"), ("top-level operators (count, cpu ms)", "top_ops")):
+        print(f"  {title}: largest differences")
+        names = set(a[field]) | set(b[field])
+        rows = []
+        for n in names:
+            ca, ta = a[field].get(n, [0, 0.0])
+            cb, tb = b[field].get(n, [0, 0.0])
+            rows.append((tb - ta, n, ca, cb, ta / 1e3, tb / 1e3))
+        rows.sort(key=lambda r: -abs(r[0]))
+        for d, n, ca, cb, ta, tb in rows[:top]:
+            print(f"    {d / 1e3:+9.3f} ms  {ca:6d} {cb:6d}  {ta:9.3f} {tb:9.3f}  {n[:90]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", choices=CONFIGS, default="cuda")
+    p.add_argument("--what", choices=WHATS, default="train-fp32")
+    p.add_argument("--size", default="0.6b")
+    p.add_argument("--batch", type=int, default=4, help="training batch (x128 tokens) or generate batch")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--json")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+    if a.compare:
+        compare(*a.compare, a.top)
+        return 0
+    out = profile(a)
+    print(f"{a.config} {a.what} b{a.batch}: wall {out['wall_ms']:.2f} ms, device busy "
+          f"{out['device_busy_ms']:.2f} ms, {out['launches']} launches")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
