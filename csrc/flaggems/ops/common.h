@@ -120,7 +120,7 @@ struct PointwiseOp {
   int8_t nargs = 0;
   bool inplace = false;    // out0 = self (aten argument 0)
   bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
-  bool masked = false;     // masked_fill: aten argument 1 a bool mask broadcast to self's shape
+  bool masked = false;     // masked_fill_: aten argument 1 is the mask (bool only)
 };
 
 // A reduction of a whole tensor to a 0-d result in two kernels (all, max): per-

@@ -135,15 +135,11 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
     if (!t || elem_type(t->scalar_type()) == abi::TType::kInvalid) return Outcome::kDecline;
     ins[nin++] = t;
   }
-  if (pw.masked) {
-    // masked_fill: the wrapper expands the mask to self's shape (so it must
-    // broadcast to it) and special-cases a 0-d self; ATen wants a bool mask.
-    const at::Tensor* mask = call.tensor(1);
-    c10::SmallVector<int64_t, 6> shape(ins[0]->sizes().begin(), ins[0]->sizes().end());
-    if (ins[0]->dim() == 0 || !mask || mask->scalar_type() != c10::kBool ||
-        !broadcast(shape, mask->sizes()) || c10::IntArrayRef(shape) != ins[0]->sizes()) {
-      return Outcome::kDecline;
-    }
+  // masked_fill_: ATen wants a bool mask, and FlagGems' wrapper special-cases a
+  // 0-d self. (A mask that does not broadcast to self is declined below, as
+  // for every in-place op: the task shape must be self's.)
+  if (pw.masked && (ins[0]->dim() == 0 || ins[1]->scalar_type() != c10::kBool)) {
+    return Outcome::kDecline;
   }
   bool ok = true;
   at::Tensor out;  // out0 when given (in place, or where's torch.empty)

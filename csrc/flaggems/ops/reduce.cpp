@@ -1,8 +1,8 @@
-// One-dimension reductions: mean.dim (ops/mean.py mean_dim_comm, one dim),
-// argmax with a dim (ops/argmax.py), all and max with no dim. Each
-// views the input as [M, N, K] around the reduced dim (after .contiguous()),
-// and picks a kernel by K: FlagGems' heuristics (runtime/backend/_nvidia/
-// heuristics_config_utils.py) recomputed here, SM count included.
+// Reductions. Over one dim: mean.dim (ops/mean.py mean_dim_comm) and argmax
+// (ops/argmax.py) view the input as [M, N, K] around the reduced dim (after
+// .contiguous()) and pick a kernel by K: FlagGems' heuristics (runtime/backend/
+// _nvidia/heuristics_config_utils.py) recomputed here, SM count included; so
+// does cumsum's row scan. Over the whole tensor: all and max (WholeReduce).
 
 #include <cmath>
 
