@@ -17,10 +17,11 @@ untouched by torch_fl):
   ("accessing tensor output of CUDAGraphs that has been overwritten"), on
   cuda as on flagos.
 
-Method: warm-up, then R rounds; in each round every side runs its N steps (or
-one generate), the first side rotating; ratio = median of per-round ratios
+Method: graph and eager rows: warm-up, then R rounds; in each round every side
+runs its N steps, the first side rotating; ratio = median of per-round ratios
 (cuda time / side time, so >1 means faster than cuda); an A/A row times cuda
-against itself.
+against itself. Compile rows: one side after the other (each compiles its own
+model), R timed decodes each; ratio of the median tokens per second.
 
     PYTHONPATH=. python bench/decode_graphs.py [--size 0.6b] [--rounds 7] [--skip compile]
 """
@@ -52,18 +53,26 @@ def decode_step_fn(model, cache, device, batch):
     return step, ids, pos
 
 
+def write_counters(cache):
+    """The static cache's per-layer write counters: transformers 5 writes a
+    step's keys at its own counter, which every step (and every replay)
+    advances, not at the cache_position passed; 4.x has none."""
+    import torch
+
+    return [layer.cumulative_length for layer in getattr(cache, "layers", ())
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+
 def rewind(cache, position):
-    """Puts the static cache's write position back to `position`, in place (a
-    captured graph holds the counter's address). transformers 5 writes a step's
-    keys at its own per-layer counter, which every step (and every replay)
-    advances, not at the cache_position passed; 4.x has no counter."""
-    for layer in getattr(cache, "layers", ()):
-        counter = getattr(layer, "cumulative_length", None)
-        if hasattr(counter, "fill_"):
-            counter.fill_(position)
+    """Puts the cache's write position back to `position`, in place (a captured
+    graph holds the counters' addresses)."""
+    for counter in write_counters(cache):
+        counter.fill_(position)
 
 
 def build(size, device, prompt_len, max_len, batch):
+    """The model, its static cache filled to prompt_len by the prefill, and the
+    prefill's greedy next token [batch]."""
     import torch
     from transformers import StaticCache
 
@@ -73,10 +82,10 @@ def build(size, device, prompt_len, max_len, batch):
     model.generation_config.pad_token_id = 0
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     prompt = wl.prompt_ids(model.config.vocab_size, batch, prompt_len, seed=0).to(device)
-    with torch.no_grad():  # prefill: fills the cache to prompt_len
-        model(input_ids=prompt, past_key_values=cache,
-              cache_position=torch.arange(prompt_len, device=device), use_cache=True)
-    return model, cache
+    with torch.no_grad():
+        logits = model(input_ids=prompt, past_key_values=cache,
+                       cache_position=torch.arange(prompt_len, device=device), use_cache=True).logits
+    return model, cache, torch.argmax(logits[:, -1], -1)
 
 
 def main(argv=None) -> int:
@@ -120,11 +129,11 @@ def main(argv=None) -> int:
 
     # ---- graph and eager decode steps --------------------------------------------
     if "graph" not in a.skip or "eager" not in a.skip:
-        models = {"cuda": build(a.size, "cuda", a.prompt_len, max_len, a.batch)}
+        models = {"cuda": build(a.size, "cuda", a.prompt_len, max_len, a.batch)[:2]}
         # The prefill on CUDA's kernels: the all-cuda side's decode step then
         # starts from the cache CUDA's has, so its logits can be compared bit for bit.
         torch_fl.routing.set_route("*", "cuda")
-        models["flagos"] = build(a.size, "flagos", a.prompt_len, max_len, a.batch)
+        models["flagos"] = build(a.size, "flagos", a.prompt_len, max_len, a.batch)[:2]
         torch_fl.routing.set_route("*", "")
         sides = {"cuda": ("cuda", None), "cuda (A/A)": ("cuda", None)}
         sides.update({k: ("flagos", v) for k, v in routes.items()})
@@ -200,14 +209,11 @@ def main(argv=None) -> int:
             torch._dynamo.reset()
             if route is not None:
                 torch_fl.routing.set_route("*", route)
-            model, cache = build(a.size, dev, a.prompt_len, max_len, a.batch)
+            model, cache, first_ids = build(a.size, dev, a.prompt_len, max_len, a.batch)
             step, ids, pos = decode_step_fn(model, cache, dev, a.batch)
-            for layer in getattr(cache, "layers", ()):  # the write counters: static
-                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                    torch._dynamo.mark_static_address(layer.cumulative_length)
+            for counter in write_counters(cache):  # mutated in the graph: static, or no CUDA graph
+                torch._dynamo.mark_static_address(counter)
             compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-            first_ids = torch.argmax(model(input_ids=wl.prompt_ids(
-                model.config.vocab_size, a.batch, a.prompt_len, seed=0).to(dev)).logits[:, -1], -1)
 
             def decode():
                 """a.new_tokens greedy steps from the prefilled cache: the compiled
