@@ -45,24 +45,21 @@ DEFAULT_CONFIGS = ("flagos all-cuda", "flagos")
 TRAIN_MODES = ("fp32", "bf16 autocast")
 
 
-def _sync():
-    import torch
-
-    torch.cuda.synchronize()
-
-
 # ---- inference: one process, interleaved ------------------------------------------------
 
-def _generate(model, ids, new_tokens):
+def timed_generate(model, ids, new_tokens):
+    """The workload's generate(): greedy, KV cache, exactly new_tokens tokens.
+    Returns the new tokens (CPU) and the seconds it took, device synchronized."""
     import torch
+    import qwen3_workload as wl
 
     with torch.no_grad():
-        _sync()
+        wl.synchronize(ids.device)
         t0 = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              do_sample=False, use_cache=True, pad_token_id=0)
-        _sync()
+        wl.synchronize(ids.device)
         return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
 
 
@@ -107,7 +104,7 @@ def inference(a) -> dict:
         torch_fl.routing.set_route("*", route or "")
         torch_fl.flaggems.set_cpp_enabled(cpp)
         ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
-        return _generate(models[key], ids, a.new_tokens)
+        return timed_generate(models[key], ids, a.new_tokens)
 
     results = {}
     for batch in a.batches:
@@ -140,6 +137,19 @@ def inference(a) -> dict:
 
 # ---- training: a process per configuration and round ------------------------------------
 
+def train_step(model, opt, x, device, amp: bool):
+    """One AdamW step on token batch x (labels = inputs), bf16 autocast when amp;
+    returns the loss tensor."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+        loss = model(input_ids=x, labels=x, use_cache=False).loss
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def train_child(a) -> int:
     sys.path.insert(0, EXAMPLES)
     import torch
@@ -165,11 +175,7 @@ def train_child(a) -> int:
             x = data[step % data.shape[0]]
             wl.synchronize(device)
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=(mode != "fp32")):
-                loss = model(input_ids=x, labels=x, use_cache=False).loss
-            loss.backward()
-            opt.step()
+            loss = train_step(model, opt, x, device, amp=(mode != "fp32"))
             wl.synchronize(device)
             times.append(time.perf_counter() - t0)
             losses.append(loss.item())

@@ -20,15 +20,18 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
 CONFIGS = ("cuda", "flagos all-cuda", "flagos")
 WHATS = ("train-fp32", "train-bf16", "generate")
 
 
 def workload(a):
-    """Returns (device, one-step callable) for the configuration."""
+    """Returns (device, one-step callable) for the configuration: the step
+    bench/qwen3.py times."""
     import torch
     import qwen3_workload as wl
+    from qwen3 import timed_generate, train_step
 
     device = "cuda" if a.config == "cuda" else "flagos"
     if device == "flagos":
@@ -41,24 +44,11 @@ def workload(a):
         model.generation_config.pad_token_id = 0
         ids = wl.prompt_ids(cfg["vocab_size"], a.batch, 32, seed=a.batch).to(device)
 
-        def step():
-            with torch.no_grad():
-                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                               max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
-                               do_sample=False, use_cache=True, pad_token_id=0)
-        return device, step
+        return device, lambda: timed_generate(model, ids, a.new_tokens)
     model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     x = wl.train_batches(cfg["vocab_size"], a.batch, 128, seed=0).to(device)[0]
-    amp = a.what == "train-bf16"
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
-            loss = model(input_ids=x, labels=x, use_cache=False).loss
-        loss.backward()
-        opt.step()
-    return device, step
+    return device, lambda: train_step(model, opt, x, device, amp=a.what == "train-bf16")
 
 
 def busy_us(intervals):
