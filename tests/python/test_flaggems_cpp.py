@@ -224,20 +224,24 @@ def _with_mask(g, s, d):
     return [randn(g, s, d), torch.randn(*s, generator=g) > 0]
 
 
-MASKS = [
-    ("bitwise_and.Tensor", _two, lambda c, l: place(c[0], l) & place(c[1], "contiguous"), INT_DTYPES),
-    ("bitwise_or.Tensor", _two, lambda c, l: place(c[0], l) | c[1][:1].to(DEV), INT_DTYPES),
-    ("bitwise_and_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_and_(place(c[1], l)), INT_DTYPES),
-    ("bitwise_or_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_or_(c[1][:1].to(DEV)), INT_DTYPES),
-    ("bitwise_not", _two, lambda c, l: ~place(c[0], l), INT_DTYPES),
-    ("bitwise_not_", _two, lambda c, l: place(c[0], l).bitwise_not_(), INT_DTYPES),
+STRIDED = ("contiguous", "transposed", "sliced")
+MASKS = [  # op, build, run, dtypes, layouts
+    ("bitwise_and.Tensor", _two, lambda c, l: place(c[0], l) & place(c[1], "contiguous"), INT_DTYPES,
+     STRIDED),
+    ("bitwise_or.Tensor", _two, lambda c, l: place(c[0], l) | c[1][:1].to(DEV), INT_DTYPES, STRIDED),
+    ("bitwise_and_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_and_(place(c[1], l)), INT_DTYPES,
+     STRIDED),
+    ("bitwise_or_.Tensor", _two, lambda c, l: place(c[0], l).bitwise_or_(c[1][:1].to(DEV)), INT_DTYPES,
+     STRIDED),
+    ("bitwise_not", _two, lambda c, l: ~place(c[0], l), INT_DTYPES, STRIDED),
+    ("bitwise_not_", _two, lambda c, l: place(c[0], l).bitwise_not_(), INT_DTYPES, STRIDED),
     # masked_fill.Scalar is clone + masked_fill_ before any device kernel.
     ("masked_fill_.Scalar", _with_mask, lambda c, l: place(c[0], l).masked_fill(c[1][:1].to(DEV), -1e4),
-     DTYPES),
+     DTYPES, STRIDED),
     ("masked_fill_.Scalar", _with_mask, lambda c, l: place(c[0], l).masked_fill_(place(c[1], l), 0.5),
-     DTYPES),
+     DTYPES, STRIDED),
     ("max", lambda g, s, d: [mask_values(g, s, d)], lambda c, l: place(c[0], "contiguous").max(),
-     DTYPES + (torch.int64,)),
+     DTYPES + (torch.int64,), ("contiguous",)),
 ]
 
 # Two shapes per case: the first is checked online (capture); the second
@@ -261,8 +265,7 @@ def all_cases():
         for layout in layouts:
             for dtype in DTYPES:
                 cases.append(Case(op, f"{i:02d}-{op}", dtype, layout, SHAPES[2], build, run))
-    for i, (op, build, run, dtypes) in enumerate(MASKS):
-        layouts = ("contiguous",) if op == "max" else ("contiguous", "transposed", "sliced")
+    for i, (op, build, run, dtypes, layouts) in enumerate(MASKS):
         for layout in layouts:
             for dtype in dtypes:
                 cases.append(Case(op, f"m{i:02d}-{op}", dtype, layout, SHAPES[2], build, run))
