@@ -8,11 +8,14 @@
 // non_blocking copies on the current streams. On the cuda driver a copy with
 // a cuda tensor is therefore CUDA's own device-to-device (or peer) copy.
 
+#include <optional>
+
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/copy.h>
+#include <ATen/ops/copy_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "runtime/device.h"
 #include "runtime/native_allocation.h"
@@ -47,13 +50,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   check_other_side(dst, "from");
   runtime::lazy_init();
   const at::Tensor& device_side = is_flagos(dst) ? dst : self;
-  c10::DeviceGuard guard(device_side.device());
-  NativeViews views;
+  const c10::DeviceIndex device = device_side.device().index();
+  // Every dtype conversion (`.to(dtype)`, autocast's casts) lands here, so
+  // the call is kept as lean as a routed operator's: the device is switched
+  // only when it is not current, and the views come from the thread's cache.
+  std::optional<c10::DeviceGuard> guard;
+  if (device != runtime::current_device()) guard.emplace(device_side.device());
+  NativeViews views(/*reuse_views=*/true);
   at::Tensor native_dst = is_flagos(dst) ? views.to_native(dst) : dst;
   at::Tensor native_src = is_flagos(self) ? views.to_native(self) : self;
   {
-    runtime::NativeAllocationScope scope(device_side.device().index());
-    native_dst.copy_(native_src, non_blocking);
+    runtime::NativeAllocationScope scope(device);
+    // copy_ is one CompositeExplicitAutograd kernel for every dense device;
+    // the call already passed autograd, so the native copy is called below it.
+    at::_ops::copy_::redispatch(NativeCall::native_keys(), native_dst, native_src,
+                                non_blocking);
   }
   return dst;
 }
