@@ -40,6 +40,7 @@
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
 #include "runtime/native_allocation.h"
+#include "runtime/storage.h"
 
 namespace torch_fl::aten {
 namespace {
@@ -48,6 +49,12 @@ using at::SDPBackend;
 using runtime::kFlagos;
 
 // ---- the choice -------------------------------------------------------------
+
+// A native view of a flagos tensor; other tensors (CPU scalars some kernels
+// return) pass as they are.
+at::Tensor native(NativeViews& views, const at::Tensor& t) {
+  return t.defined() && t.device().type() == kFlagos ? views.to_native(t) : t;
+}
 
 // A tensor of the native device type with the metadata of flagos tensor `t`
 // (sizes, strides, offset, dtype, requires_grad) over the same address, for
@@ -88,14 +95,14 @@ at::Tensor native_shell(const at::Tensor& t) {
   return out;
 }
 
-int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask, double dropout_p,
-                         bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  std::optional<at::Tensor> shell_mask;
-  if (mask.has_value() && mask->defined()) shell_mask = native_shell(*mask);
+// The native device's choice for native tensors (views or shells of the
+// flagos inputs).
+int64_t device_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                      std::optional<double> scale, bool enable_gqa) {
   int64_t choice = 0;
   {
-    // The shells are plain native tensors: a Python dispatch mode (FakeTensor
+    // The inputs are plain native tensors: a Python dispatch mode (FakeTensor
     // tracing) must not see the selector or the metadata-only operations it
     // may run on them (2.14 unsqueezes unbatched inputs).
     c10::impl::ExcludeDispatchKeyGuard no_python(
@@ -105,8 +112,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
     // device. It raises the native device's error when every allowed backend
     // is ruled out. (Calling the stub itself from here is not ABI-safe: its
     // inline call path depends on capability macros of torch's own build.)
-    choice = at::_fused_sdp_choice(native_shell(q), native_shell(k), native_shell(v), shell_mask,
-                                   dropout_p, is_causal, scale, enable_gqa);
+    choice = at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   }
   // For any device but CUDA, attention.cpp's flash case runs the CPU flash
   // operator: right on the host driver; on the cuda driver flagos runs CUDA's
@@ -115,6 +121,38 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
     return static_cast<int64_t>(SDPBackend::overrideable);
   }
   return choice;
+}
+
+// Whether the selector may see `t` as the thread's cached native view (the one
+// the chosen kernel is then called with) instead of a shell made for the
+// choice: a dense flagos tensor over flagos memory that needs no grad (a view
+// carries no autograd state). Saves a StorageImpl and a TensorImpl per input.
+bool viewable(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kFlagos) return true;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return !t.requires_grad() && impl->has_storage() &&
+         runtime::FlagosStorage::twin_of(impl->unsafe_storage().unsafeGetStorageImpl()) !=
+             nullptr &&
+         !impl->key_set().has_any(c10::DispatchKeySet(
+             {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+}
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p,
+                         bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  const bool has_mask = mask.has_value() && mask->defined();
+  if (viewable(q) && viewable(k) && viewable(v) && (!has_mask || viewable(*mask))) {
+    // Eager calls on real tensors (every decode step): the cached views.
+    NativeViews views(/*reuse_views=*/true);
+    std::optional<at::Tensor> native_mask;
+    if (has_mask) native_mask = native(views, *mask);
+    return device_choice(native(views, q), native(views, k), native(views, v), native_mask,
+                         dropout_p, is_causal, scale, enable_gqa);
+  }
+  std::optional<at::Tensor> shell_mask;
+  if (has_mask) shell_mask = native_shell(*mask);
+  return device_choice(native_shell(q), native_shell(k), native_shell(v), shell_mask, dropout_p,
+                       is_causal, scale, enable_gqa);
 }
 
 // ---- flash attention through the overrideable operator (cuda driver) -------
@@ -129,12 +167,6 @@ void check_flash_call(const char* op, const at::Tensor& q, const at::Tensor& k,
     TORCH_CHECK(t->device() == q.device(), op, ": expected query, key and value on one device, "
                 "but found ", q.device(), " and ", t->device());
   }
-}
-
-// A native view of a flagos tensor; other tensors (CPU scalars some kernels
-// return) pass as they are.
-at::Tensor native(NativeViews& views, const at::Tensor& t) {
-  return t.defined() && t.device().type() == kFlagos ? views.to_native(t) : t;
 }
 
 // attention.cpp's CUDA branch pads the head dimension of flash inputs to a
@@ -165,8 +197,9 @@ FusedAttentionOut fused_attention_overrideable(const at::Tensor& query, const at
   check_flash_call("_scaled_dot_product_fused_attention_overrideable", query, key, value,
                    attn_bias.has_value() && attn_bias->defined());
   const auto device = query.device().index();
-  c10::DeviceGuard guard(query.device());
-  NativeViews views;
+  std::optional<c10::DeviceGuard> guard;
+  if (device != runtime::current_device()) guard.emplace(query.device());
+  NativeViews views(/*reuse_views=*/true);
   const at::Tensor q = native(views, query);
   const int64_t head_dim = q.size(-1);
   // The scale comes from the unpadded head dimension, as in attention.cpp.
@@ -202,8 +235,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overr
   check_flash_call("_scaled_dot_product_fused_attention_overrideable_backward", query, key,
                    value, attn_bias.defined());
   const auto device = query.device().index();
-  c10::DeviceGuard guard(query.device());
-  NativeViews views;
+  std::optional<c10::DeviceGuard> guard;
+  if (device != runtime::current_device()) guard.emplace(query.device());
+  NativeViews views(/*reuse_views=*/true);
   const at::Tensor q = native(views, query);
   const int64_t head_dim = q.size(-1);
   const double softmax_scale = sdp::calculate_scale(q, scale).guard_float(__FILE__, __LINE__);

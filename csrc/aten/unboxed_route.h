@@ -126,6 +126,13 @@ struct Result<at::Tensor> {
   static at::Tensor map(NativeCall& call, at::Tensor r, Args&) { return call.result(r); }
 };
 
+// A symbolic size (an attention kernel's max sequence lengths) passes through.
+template <>
+struct Result<c10::SymInt> {
+  template <class Args>
+  static c10::SymInt map(NativeCall&, c10::SymInt r, Args&) { return r; }
+};
+
 // A returned reference is one of the written arguments: the caller's own
 // flagos tensor comes back.
 template <>

@@ -18,6 +18,10 @@
 #include <ATen/ops/_foreach_sqrt_ops.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -106,6 +110,10 @@ namespace {
   /* indexing, shapes, matrices */                                                     \
   X(index_select) X(index_Tensor) X(gather) X(embedding_dense_backward) X(cat)          \
   X(triu) X(tril) X(arange_start_out) X(mm) X(addmm) X(bmm) X(baddbmm)                  \
+  /* fused attention (scaled_dot_product_attention's choices; CUDA only) */            \
+  X(_scaled_dot_product_cudnn_attention) X(_scaled_dot_product_cudnn_attention_backward) \
+  X(_scaled_dot_product_efficient_attention)                                            \
+  X(_scaled_dot_product_efficient_attention_backward)                                   \
   /* optimizers (CUDA has kernels for these; the CPU decomposes them) */               \
   X(_foreach_add__List) X(_foreach_add__Scalar) X(_foreach_mul__List)                   \
   X(_foreach_mul__Scalar) X(_foreach_div__List) X(_foreach_div__ScalarList)             \
