@@ -305,14 +305,26 @@ def data_cases(rng, g):
 
 def mask_cases(rng, g):
     """Bool and integer operands (attention masks): bitwise and/or/not, masked_fill
-    with a bool mask that broadcasts, and max of a whole tensor."""
+    with a bool mask that broadcasts, max of a whole tensor, and the causal mask
+    and fully-masked-row test of SDPA's math path (tril, isneginf)."""
     rank = rng.randint(1, 4)
     shape = _shape(rng, rank)
     while torch.Size(shape).numel() > 2**18:
         shape[rng.randrange(rank)] = 2
     layout = rng.choice(["contiguous", "transposed", "sliced", "misaligned"])
     op = rng.choice(["bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_and_.Tensor", "bitwise_or_.Tensor",
-                     "bitwise_not", "bitwise_not_", "masked_fill_.Scalar", "max"])
+                     "bitwise_not", "bitwise_not_", "masked_fill_.Scalar", "max", "isneginf", "tril"])
+    if op == "isneginf":  # the math path's fully masked rows
+        dtype = rng.choice(DTYPES)
+        x = _tensor(rng, g, shape, dtype, layout).masked_fill(
+            _tensor(rng, g, shape, torch.bool, "contiguous"), float("-inf"))
+        return op, (x,), {}, f"{str(dtype)[6:]} {list(x.shape)}/{list(x.stride())}"
+    if op == "tril":  # the math path's causal mask
+        dtype = rng.choice(DTYPES + (torch.bool,))
+        shape = shape if rank >= 2 else [rng.choice([1, 5, 40])] + shape
+        x = _tensor(rng, g, shape, dtype, rng.choice(["contiguous", "transposed"]))
+        diagonal = rng.choice([0, 0, -1, 2])
+        return op, (x, diagonal), {}, f"{str(dtype)[6:]} {list(x.shape)}/{list(x.stride())} diagonal={diagonal}"
     if op == "masked_fill_.Scalar":
         dtype = rng.choice(DTYPES + (torch.int64,))
         x = _tensor(rng, g, shape, dtype, layout)

@@ -203,7 +203,7 @@ OTHERS = [
 ]
 
 # Bool and integer operands (attention masks): bitwise and/or/not, masked_fill with
-# a bool mask, and max of a whole tensor; each case lists its dtypes.
+# a bool mask, max of a whole tensor, tril and isneginf; each case lists its dtypes.
 INT_DTYPES = (torch.bool, torch.int64, torch.int32)
 DT.update({torch.bool: "bool", torch.int64: "i64", torch.int32: "i32"})
 
@@ -242,6 +242,11 @@ MASKS = [  # op, build, run, dtypes, layouts
      DTYPES, STRIDED),
     ("max", lambda g, s, d: [mask_values(g, s, d)], lambda c, l: place(c[0], "contiguous").max(),
      DTYPES + (torch.int64,), ("contiguous",)),
+    # SDPA's math path: its causal mask and its test for fully masked rows.
+    ("tril", lambda g, s, d: [mask_values(g, (2,) + tuple(s), d)], lambda c, l: place(c[0], l).tril(-1),
+     DTYPES + (torch.bool,), ("contiguous", "transposed")),
+    ("isneginf", _with_mask, lambda c, l: torch.isneginf(place(c[0].masked_fill(c[1], float("-inf")), l)),
+     DTYPES, STRIDED),
 ]
 
 # Two shapes per case: the first is checked online (capture); the second

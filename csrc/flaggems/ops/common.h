@@ -106,6 +106,7 @@ Outcome plan_cat(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_index_select(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_embedding_backward(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_nll_loss(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_tril(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_bmm(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_addmm(const OpDesc& op, Call& call, CallPlan& plan);
 

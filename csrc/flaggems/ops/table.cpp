@@ -37,6 +37,7 @@ PointwiseSlot where_func{"flag_gems.ops.where", "where_inner"};
 PointwiseSlot and_func{"flag_gems.ops.bitwise_and", "bitwise_and_func"};
 PointwiseSlot or_func{"flag_gems.ops.bitwise_or", "bitwise_or_func"};
 PointwiseSlot not_func{"flag_gems.ops.bitwise_not", "bitwise_not_func"};
+PointwiseSlot isneginf_func{"flag_gems.ops.isneginf", "isneginf_func"};
 PointwiseSlot masked_fill_func{"flag_gems.ops.masked_fill", "masked_fill_kernel"};
 
 // Whole-tensor reductions (ops/all.py, ops/max.py).
@@ -84,6 +85,7 @@ const PointwiseOp kOr{&or_func, nullptr, {0, 1}, 2};
 const PointwiseOp kOrInplace{&or_func, nullptr, {0, 1}, 2, true};
 const PointwiseOp kNot{&not_func, nullptr, {0}, 1};
 const PointwiseOp kNotInplace{&not_func, nullptr, {0}, 1, true};
+const PointwiseOp kIsNegInf{&isneginf_func, nullptr, {0}, 1};
 const PointwiseOp kMaskedFillInplace{&masked_fill_func, nullptr, {0, 1, 2}, 3, true, false, true};
 
 const WholeReduce kAll{&all_1, &all_2, /*passes_mid_size=*/true, /*bool_result=*/true};
@@ -139,6 +141,8 @@ OpDesc g_ops[] = {
     {"bitwise_not", plan_pointwise, &kNot},
     {"bitwise_not_", plan_pointwise, &kNotInplace},
     {"masked_fill_.Scalar", plan_pointwise, &kMaskedFillInplace},
+    {"isneginf", plan_pointwise, &kIsNegInf},
+    {"tril", plan_tril, nullptr},
     {"zero_", plan_fill_zero, nullptr},
     {"mean.dim", plan_reduce_dim, &kMean},
     {"argmax", plan_reduce_dim, &kArgmax},
