@@ -25,6 +25,11 @@ Method (docs/benchmarks.md):
   fp32 AdamW steps and S bf16-autocast AdamW steps from the same seeded
   model; a step's time is the median of steps 2..S; the ratio is the median
   of the per-round ratios; losses are compared to CUDA's bit for bit.
+- The flagos configurations' training steps are also compared with each
+  other in one process (they can share one): a model and optimizer per
+  configuration, steps interleaved with the first side rotating, the ratio
+  the median of per-step ratios against ``flagos all-cuda``. Separate
+  processes vary more between themselves than the sides differ.
 
     PYTHONPATH=. python bench/qwen3.py [--rounds 5] [--train-rounds 2] [--json out.json]
 """
@@ -220,6 +225,63 @@ def training(a) -> dict:
     return out
 
 
+# ---- training: flagos routings against each other, one process, interleaved ------------
+
+def training_routings(a) -> dict:
+    """The flagos configurations' training steps against each other (default
+    routing against all-cuda): they can share a process, so their steps are
+    interleaved, each side's model and optimizer seeded alike, the first side
+    rotating per step; the ratio is the median of per-step ratios against
+    ``flagos all-cuda``."""
+    sys.path.insert(0, EXAMPLES)
+    import torch
+    import torch_fl
+    import qwen3_workload as wl
+
+    routes = {"flagos all-cuda": ("cuda", True), "flagos": ("", True), "flagos python": ("", False)}
+    sides = [c for c in routes if c in a.configs]
+    if "flagos all-cuda" not in sides or len(sides) < 2:
+        return {}
+    cfg = wl.SIZES[a.size]
+    data = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0).to("flagos")
+
+    def use(side):
+        route, cpp = routes[side]
+        torch_fl.routing.set_route("*", route)
+        torch_fl.flaggems.set_cpp_enabled(cpp)
+
+    out = {}
+    try:
+        for mode in TRAIN_MODES:
+            state = {}
+            for side in sides:
+                use(side)
+                model = wl.build_model(a.size, torch.float32, "flagos", seed=0, train=True)
+                state[side] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True))
+            times = {side: [] for side in sides}
+            for step in range(a.routing_steps + 2):  # two warm-up steps each
+                x = data[step % data.shape[0]]
+                for side in sides[step % len(sides):] + sides[:step % len(sides)]:
+                    use(side)
+                    wl.synchronize("flagos")
+                    t0 = time.perf_counter()
+                    train_step(*state[side], x, "flagos", amp=(mode != "fp32"))
+                    wl.synchronize("flagos")
+                    if step >= 2:
+                        times[side].append(time.perf_counter() - t0)
+            row = {}
+            for side in sides:
+                ratios = [t / b for t, b in zip(times[side], times["flagos all-cuda"])]
+                row[side] = {"step_ms": statistics.median(times[side]) * 1e3,
+                             "ratio": statistics.median(ratios),
+                             "ratio_range": [min(ratios), max(ratios)]}
+            out[mode] = row
+            del state
+    finally:
+        use("flagos")
+    return out
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The workload's and the method's arguments (bench/tuned_qwen3.py takes them too)."""
     p.add_argument("--size", default="0.6b")
@@ -232,7 +294,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
-    p.add_argument("--skip", choices=("inference", "training"), action="append", default=[])
+    p.add_argument("--routing-steps", type=int, default=10,
+                   help="interleaved steps per side of the in-process routing comparison")
+    p.add_argument("--skip", choices=("inference", "training", "routings"), action="append",
+                   default=[])
     p.add_argument("--json")
 
 
@@ -295,6 +360,18 @@ def main(argv=None) -> int:
             for c, r in row.items():
                 print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
                       f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
+    if "routings" not in a.skip:
+        res["training_routings"] = training_routings(a)
+        save()
+        for mode, row in res["training_routings"].items():
+            print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, flagos routings "
+                  f"interleaved in one process, {a.routing_steps} steps each (x all-cuda: step time "
+                  "ratio, lower is better)")
+            for c, r in row.items():
+                lo, hi = r["ratio_range"]
+                print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x all-cuda {r['ratio']:5.3f}  "
+                      f"steps {lo:.3f}-{hi:.3f}")
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 
