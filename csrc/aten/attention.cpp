@@ -95,34 +95,6 @@ at::Tensor native_shell(const at::Tensor& t) {
   return out;
 }
 
-// The native device's choice for native tensors (views or shells of the
-// flagos inputs).
-int64_t device_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
-                      std::optional<double> scale, bool enable_gqa) {
-  int64_t choice = 0;
-  {
-    // The inputs are plain native tensors: a Python dispatch mode (FakeTensor
-    // tracing) must not see the selector or the metadata-only operations it
-    // may run on them (2.14 unsqueezes unbatched inputs).
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    // The native device's own selector: the operator's CPU or CUDA kernel is
-    // the function attention.cpp reaches through the stub for tensors of that
-    // device. It raises the native device's error when every allowed backend
-    // is ruled out. (Calling the stub itself from here is not ABI-safe: its
-    // inline call path depends on capability macros of torch's own build.)
-    choice = at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
-  }
-  // For any device but CUDA, attention.cpp's flash case runs the CPU flash
-  // operator: right on the host driver; on the cuda driver flagos runs CUDA's
-  // flash through the overrideable operator (below).
-  if (runtime::uses_cuda() && choice == static_cast<int64_t>(SDPBackend::flash_attention)) {
-    return static_cast<int64_t>(SDPBackend::overrideable);
-  }
-  return choice;
-}
-
 // Whether the selector may see `t` as the thread's cached native view (the one
 // the chosen kernel is then called with) instead of a shell made for the
 // choice: a dense flagos tensor over flagos memory that needs no grad (a view
@@ -141,18 +113,38 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const std::optional<at::Tensor>& mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
   const bool has_mask = mask.has_value() && mask->defined();
-  if (viewable(q) && viewable(k) && viewable(v) && (!has_mask || viewable(*mask))) {
-    // Eager calls on real tensors (every decode step): the cached views.
-    NativeViews views(/*reuse_views=*/true);
-    std::optional<at::Tensor> native_mask;
-    if (has_mask) native_mask = native(views, *mask);
-    return device_choice(native(views, q), native(views, k), native(views, v), native_mask,
-                         dropout_p, is_causal, scale, enable_gqa);
+  // Eager calls on real tensors (every decode step) show the selector the
+  // cached views; tracing and inputs that need grad, shells.
+  const bool views_ok =
+      viewable(q) && viewable(k) && viewable(v) && (!has_mask || viewable(*mask));
+  NativeViews views(/*reuse_views=*/true);
+  auto native_input = [&](const at::Tensor& t) {
+    return views_ok ? native(views, t) : native_shell(t);
+  };
+  std::optional<at::Tensor> native_mask;
+  if (has_mask) native_mask = native_input(*mask);
+  int64_t choice = 0;
+  {
+    // The inputs are plain native tensors: a Python dispatch mode (FakeTensor
+    // tracing) must not see the selector or the metadata-only operations it
+    // may run on them (2.14 unsqueezes unbatched inputs).
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    // The native device's own selector: the operator's CPU or CUDA kernel is
+    // the function attention.cpp reaches through the stub for tensors of that
+    // device. It raises the native device's error when every allowed backend
+    // is ruled out. (Calling the stub itself from here is not ABI-safe: its
+    // inline call path depends on capability macros of torch's own build.)
+    choice = at::_fused_sdp_choice(native_input(q), native_input(k), native_input(v), native_mask,
+                                   dropout_p, is_causal, scale, enable_gqa);
   }
-  std::optional<at::Tensor> shell_mask;
-  if (has_mask) shell_mask = native_shell(*mask);
-  return device_choice(native_shell(q), native_shell(k), native_shell(v), shell_mask, dropout_p,
-                       is_causal, scale, enable_gqa);
+  // For any device but CUDA, attention.cpp's flash case runs the CPU flash
+  // operator: right on the host driver; on the cuda driver flagos runs CUDA's
+  // flash through the overrideable operator (below).
+  if (runtime::uses_cuda() && choice == static_cast<int64_t>(SDPBackend::flash_attention)) {
+    return static_cast<int64_t>(SDPBackend::overrideable);
+  }
+  return choice;
 }
 
 // ---- flash attention through the overrideable operator (cuda driver) -------
