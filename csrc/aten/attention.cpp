@@ -30,7 +30,6 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_backward.h>
 #include <ATen/ops/pad.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -189,8 +188,7 @@ FusedAttentionOut fused_attention_overrideable(const at::Tensor& query, const at
   check_flash_call("_scaled_dot_product_fused_attention_overrideable", query, key, value,
                    attn_bias.has_value() && attn_bias->defined());
   const auto device = query.device().index();
-  std::optional<c10::DeviceGuard> guard;
-  if (device != runtime::current_device()) guard.emplace(query.device());
+  const auto guard = runtime::guard_unless_current(device);
   NativeViews views(/*reuse_views=*/true);
   const at::Tensor q = native(views, query);
   const int64_t head_dim = q.size(-1);
@@ -227,8 +225,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_overr
   check_flash_call("_scaled_dot_product_fused_attention_overrideable_backward", query, key,
                    value, attn_bias.defined());
   const auto device = query.device().index();
-  std::optional<c10::DeviceGuard> guard;
-  if (device != runtime::current_device()) guard.emplace(query.device());
+  const auto guard = runtime::guard_unless_current(device);
   NativeViews views(/*reuse_views=*/true);
   const at::Tensor q = native(views, query);
   const int64_t head_dim = q.size(-1);

@@ -8,11 +8,8 @@
 // non_blocking copies on the current streams. On the cuda driver a copy with
 // a cuda tensor is therefore CUDA's own device-to-device (or peer) copy.
 
-#include <optional>
-
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/copy_ops.h>
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "aten/native_call.h"
@@ -54,8 +51,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   // Every dtype conversion (`.to(dtype)`, autocast's casts) lands here, so
   // the call is kept as lean as a routed operator's: the device is switched
   // only when it is not current, and the views come from the thread's cache.
-  std::optional<c10::DeviceGuard> guard;
-  if (device != runtime::current_device()) guard.emplace(device_side.device());
+  const auto guard = runtime::guard_unless_current(device);
   NativeViews views(/*reuse_views=*/true);
   at::Tensor native_dst = is_flagos(dst) ? views.to_native(dst) : dst;
   at::Tensor native_src = is_flagos(self) ? views.to_native(self) : self;

@@ -3,11 +3,9 @@
 #include <array>
 #include <atomic>
 #include <mutex>
-#include <optional>
 #include <sstream>
 #include <unordered_map>
 
-#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include "aten/native_provider.h"
@@ -99,8 +97,7 @@ bool prepare(const Launch& L, Prepared& out) {
 }
 
 void launch_all(const OpDesc& d, c10::DeviceIndex device, CallPlan& p, Prepared* prep) {
-  std::optional<c10::DeviceGuard> guard;
-  if (runtime::current_device() != device) guard.emplace(c10::Device(runtime::kFlagos, device));
+  const auto guard = runtime::guard_unless_current(device);
   for (int i = 0; i < p.nlaunches; ++i) {
     Kernel* k = prep[i].kernel;
     void* f = k->function_for(device, d.aten);

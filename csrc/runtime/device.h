@@ -3,7 +3,10 @@
 // Device bookkeeping shared by the runtime: index validation with messages a
 // user can act on, the current device, and process-level initialisation.
 
+#include <optional>
+
 #include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "hal/driver.h"
 
@@ -24,6 +27,14 @@ void set_device(c10::DeviceIndex index);
 
 // Resolves -1 (meaning "current") and validates.
 c10::DeviceIndex resolve_device(c10::DeviceIndex index);
+
+// A guard that makes flagos device `index` current for its scope, or none when
+// it is current already: the guard's exchange and restore cost more than the
+// rest of a small operator's bookkeeping.
+inline std::optional<c10::DeviceGuard> guard_unless_current(c10::DeviceIndex index) {
+  if (index == current_device()) return std::nullopt;
+  return std::optional<c10::DeviceGuard>(std::in_place, c10::Device(kFlagos, index));
+}
 
 // True in a child process forked after the device was initialised; such a
 // child must not touch the device (as with CUDA).
