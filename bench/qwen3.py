@@ -48,6 +48,18 @@ EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 CONFIGS = ("cuda", "flagos all-cuda", "flagos", "flagos python")
 DEFAULT_CONFIGS = ("flagos all-cuda", "flagos")
 TRAIN_MODES = ("fp32", "bf16 autocast")
+# A flagos configuration: the '*' route it installs ("" removes the override)
+# and whether FlagGems' C++ launch path is on.
+ROUTINGS = {"flagos all-cuda": ("cuda", True), "flagos": ("", True), "flagos python": ("", False)}
+
+
+def use_routing(config: str) -> None:
+    """Installs flagos configuration `config` (ROUTINGS) in this process."""
+    import torch_fl
+
+    route, cpp = ROUTINGS[config]
+    torch_fl.routing.set_route("*", route)
+    torch_fl.flaggems.set_cpp_enabled(cpp)
 
 
 # ---- inference: one process, interleaved ------------------------------------------------
@@ -96,24 +108,19 @@ def inference(a) -> dict:
     models["flagos"] = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)
     for m in models.values():
         m.generation_config.pad_token_id = 0
-    sides = {  # name -> (model key, device, '*' route, FlagGems' C++ path on)
-        "cuda": ("cuda", "cuda", None, True), "cuda (A/A)": ("cuda", "cuda", None, True),
-        "flagos all-cuda": ("flagos", "flagos", "cuda", True), "flagos": ("flagos", "flagos", None, True),
-        "flagos python": ("flagos", "flagos", None, False),
-    }
-    sides = {k: v for k, v in sides.items() if k.startswith("cuda") or k in a.configs}
+    sides = ["cuda", "cuda (A/A)"] + [c for c in ROUTINGS if c in a.configs]
     torch_fl.routing.reset_stats()
 
     def run(side, batch):
-        key, dev, route, cpp = sides[side]
-        torch_fl.routing.set_route("*", route or "")
-        torch_fl.flaggems.set_cpp_enabled(cpp)
+        dev = "cuda" if side.startswith("cuda") else "flagos"
+        if dev == "flagos":
+            use_routing(side)
         ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
-        return timed_generate(models[key], ids, a.new_tokens)
+        return timed_generate(models[dev], ids, a.new_tokens)
 
     results = {}
     for batch in a.batches:
-        times, tokens = interleaved(a, list(sides), lambda side: run(side, batch))
+        times, tokens = interleaved(a, sides, lambda side: run(side, batch))
         row = {}
         for side in sides:
             tok_s = [batch * a.new_tokens / t for t in times[side]]
@@ -123,8 +130,7 @@ def inference(a) -> dict:
                          "tokens_equal_cuda": int((tokens[side] == tokens["cuda"]).sum()),
                          "tokens": tokens[side].numel()}
         results[f"batch {batch}"] = row
-    torch_fl.routing.set_route("*", "")
-    torch_fl.flaggems.set_cpp_enabled(True)
+    use_routing("flagos")
     # Which backend served the flagos runs: one more of them, counted.
     torch_fl.routing.reset_stats()
     run("flagos" if "flagos" in sides else "flagos all-cuda", a.batches[0])
@@ -162,12 +168,7 @@ def train_child(a) -> int:
 
     device = "cuda" if a.config == "cuda" else "flagos"
     if device == "flagos":
-        import torch_fl
-
-        if a.config == "flagos all-cuda":
-            torch_fl.routing.set_route("*", "cuda")
-        if a.config == "flagos python":
-            torch_fl.flaggems.set_cpp_enabled(False)
+        use_routing(a.config)
     cfg = wl.SIZES[a.size]
     batches = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0)
     out = {"config": a.config}
@@ -235,34 +236,27 @@ def training_routings(a) -> dict:
     ``flagos all-cuda``."""
     sys.path.insert(0, EXAMPLES)
     import torch
-    import torch_fl
     import qwen3_workload as wl
 
-    routes = {"flagos all-cuda": ("cuda", True), "flagos": ("", True), "flagos python": ("", False)}
-    sides = [c for c in routes if c in a.configs]
+    sides = [c for c in ROUTINGS if c in a.configs]
     if "flagos all-cuda" not in sides or len(sides) < 2:
         return {}
     cfg = wl.SIZES[a.size]
     data = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0).to("flagos")
-
-    def use(side):
-        route, cpp = routes[side]
-        torch_fl.routing.set_route("*", route)
-        torch_fl.flaggems.set_cpp_enabled(cpp)
 
     out = {}
     try:
         for mode in TRAIN_MODES:
             state = {}
             for side in sides:
-                use(side)
+                use_routing(side)
                 model = wl.build_model(a.size, torch.float32, "flagos", seed=0, train=True)
                 state[side] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True))
             times = {side: [] for side in sides}
             for step in range(a.routing_steps + 2):  # two warm-up steps each
                 x = data[step % data.shape[0]]
                 for side in sides[step % len(sides):] + sides[:step % len(sides)]:
-                    use(side)
+                    use_routing(side)
                     wl.synchronize("flagos")
                     t0 = time.perf_counter()
                     train_step(*state[side], x, "flagos", amp=(mode != "fp32"))
@@ -278,7 +272,7 @@ def training_routings(a) -> dict:
             out[mode] = row
             del state
     finally:
-        use("flagos")
+        use_routing("flagos")
     return out
 
 
