@@ -236,6 +236,7 @@ def training_routings(a) -> dict:
     ``flagos all-cuda``."""
     sys.path.insert(0, EXAMPLES)
     import torch
+    import torch_fl  # noqa: F401  (the flagos device, before the data moves there)
     import qwen3_workload as wl
 
     sides = [c for c in ROUTINGS if c in a.configs]

@@ -96,7 +96,9 @@ def profile(a) -> dict:
             k[0] += 1
             k[1] += e.time_range.elapsed_us()
             spans.append((e.time_range.start, e.time_range.end))
-        elif e.cpu_parent is None and e.name.startswith("aten::"):
+        elif e.cpu_parent is None and e.name.startswith(("aten::", "autograd::engine", "Optimizer.")):
+            # Top-level host work of either thread: forward operators, the
+            # backward's nodes (autograd's worker thread), the optimizer step.
             o = ops[e.name]
             o[0] += 1
             o[1] += e.cpu_time_total
@@ -113,7 +115,8 @@ def compare(a_path, b_path, top):
     print(f"{a['what']} batch {a['batch']}: {a['config']} | {b['config']}")
     for key in ("wall_ms", "profiled_wall_ms", "device_busy_ms", "kernel_ms", "launches"):
         print(f"  {key:18s} {a[key]:12.2f} {b[key]:12.2f}  x{b[key] / max(a[key], 1e-9):.3f}")
-    for title, field in (("kernels (count, ms)", "kernels"), ("top-level operators (count, cpu ms)", "top_ops")):
+    for title, field in (("kernels (count, ms)", "kernels"),
+                         ("top-level operators and backward nodes (count, cpu ms)", "top_ops")):
         print(f"  {title}: largest differences")
         names = set(a[field]) | set(b[field])
         rows = []

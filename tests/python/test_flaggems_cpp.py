@@ -224,6 +224,16 @@ def _with_mask(g, s, d):
     return [randn(g, s, d), torch.randn(*s, generator=g) > 0]
 
 
+def _some_rows_all(g, s, d):
+    """Values where every third row (last dim) is all true / non-zero and the
+    others hold a zero: all() over the last dim is neither always true nor false."""
+    x = mask_values(g, s, d)
+    x = x | (torch.arange(s[0]) % 3 == 0)[:, None] if d == torch.bool else x
+    if d != torch.bool:
+        x[torch.arange(s[0]) % 3 != 0, s[1] // 2] = 0
+    return [x]
+
+
 STRIDED = ("contiguous", "transposed", "sliced")
 MASKS = [  # op, build, run, dtypes, layouts
     ("bitwise_and.Tensor", _two, lambda c, l: place(c[0], l) & place(c[1], "contiguous"), INT_DTYPES,
@@ -247,6 +257,12 @@ MASKS = [  # op, build, run, dtypes, layouts
      DTYPES + (torch.bool,), ("contiguous", "transposed")),
     ("isneginf", _with_mask, lambda c, l: torch.isneginf(place(c[0].masked_fill(c[1], float("-inf")), l)),
      DTYPES, STRIDED),
+    # ... and its row test, isneginf(scores).all(-1, keepdim=True); dim 0 moves the
+    # reduced dim last with a copy (contiguous, sliced) or without (transposed).
+    ("all.dim", _some_rows_all, lambda c, l: place(c[0], l).all(-1, keepdim=True),
+     (torch.bool,) + DTYPES, STRIDED),
+    ("all.dim", _some_rows_all, lambda c, l: place(c[0], l).all(0),
+     (torch.bool, torch.float32), STRIDED),
 ]
 
 # Two shapes per case: the first is checked online (capture); the second

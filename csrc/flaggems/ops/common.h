@@ -99,6 +99,7 @@ inline void use_config(Launch& L, const TunedConfig& cfg) {
 Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_fill_zero(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan);
+Outcome plan_all_dim(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_whole_reduce(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_cumsum(const OpDesc& op, Call& call, CallPlan& plan);
 Outcome plan_softmax(const OpDesc& op, Call& call, CallPlan& plan);

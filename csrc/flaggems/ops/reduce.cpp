@@ -2,7 +2,9 @@
 // (ops/argmax.py) view the input as [M, N, K] around the reduced dim (after
 // .contiguous()) and pick a kernel by K: FlagGems' heuristics (runtime/backend/
 // _nvidia/heuristics_config_utils.py) recomputed here, SM count included; so
-// does cumsum's row scan. Over the whole tensor: all and max (WholeReduce).
+// does cumsum's row scan. all.dim (ops/all.py all_dim) moves the reduced dim
+// last (dim_compress) and runs an autotuned kernel over [M, N] rows. Over the
+// whole tensor: all and max (WholeReduce).
 
 #include <cmath>
 
@@ -24,6 +26,9 @@ KernelSlot g_argmax_non_inner{"flag_gems.ops.argmax", "argmax_kernel_non_inner",
                                "ONE_TILE_PER_CTA"}};
 KernelSlot g_argmax_inner{"flag_gems.ops.argmax", "argmax_kernel_inner",
                           {"inp", "out_index", "M", "N", "TILE_N", "ONE_TILE_PER_CTA"}};
+KernelSlot g_all_dim{"flag_gems.ops.all", "all_kernel_dim",
+                     {"inp", "out", "M", "N", "BLOCK_M", "BLOCK_N"}};
+TunerSlot g_tune_all_dim{&g_all_dim, {"BLOCK_M", "BLOCK_N"}};
 KernelSlot g_cumsum_row{"flag_gems.ops.cumsum", "reduce_then_scan_root_scan_kernel_row",
                         {"in_ptr", "out_ptr", "N", "TILE_SIZE"}};
 
@@ -83,6 +88,63 @@ Outcome plan_whole_reduce(const OpDesc& op, Call& call, CallPlan& plan) {
   b.ptr(out);
   b.i(mid_size);
   b.i(next_pow2(mid_size));
+  plan.results.push_back(out);
+  return Outcome::kPlanned;
+}
+
+// all.dim(self, dim, keepdim): dim_compress(self, dim), i.e. the other dims
+// in order and `dim` last, made contiguous (a copy unless that order already
+// is), then one program per BLOCK_M rows of N elements. all_kernel_dim is
+// autotuned by LibTuner: key (M, N) and the two tensors' dtypes.
+Outcome plan_all_dim(const OpDesc&, Call& call, CallPlan& plan) {
+  const at::Tensor* self = call.tensor(0);
+  int64_t dim = 0;
+  if (!self || self->dim() == 0 || self->numel() == 0 ||
+      elem_type(self->scalar_type()) == abi::TType::kInvalid || !int_arg(call.arg(1), &dim) ||
+      !wrap_dim(dim, self->dim(), &dim) || !call.arg(2).isBool()) {
+    return Outcome::kDecline;  // 0-d: the wrapper's dim % ndim raises; empty: no rows
+  }
+  const bool keepdim = call.arg(2).toBool();
+  Outcome o = Outcome::kPlanned;
+  const JitFn* fn = need(g_all_dim, plan, &o);
+  if (!fn) return o;
+  const int64_t N = self->size(dim);
+  const int64_t M = self->numel() / N;
+  const int64_t key[4] = {M, N, static_cast<int64_t>(self->scalar_type()),
+                          static_cast<int64_t>(c10::kBool)};
+  const TunedConfig* cfg = call.tuned(g_tune_all_dim, key, 4, plan);
+  if (!cfg) return Outcome::kNeedTuning;
+
+  // self.permute(others + [dim]).contiguous(): no copy when that order is
+  // already dense (always so for the last dim of a contiguous tensor).
+  const int64_t nd = self->dim();
+  c10::SmallVector<int64_t, 6> sizes, strides;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (d == dim) continue;
+    sizes.push_back(self->size(d));
+    strides.push_back(self->stride(d));
+  }
+  sizes.push_back(N);
+  strides.push_back(self->stride(dim));
+  bool dense = true;
+  for (int64_t d = nd - 1, expected = 1; d >= 0; --d) {
+    if (sizes[d] != 1 && strides[d] != expected) dense = false;
+    expected *= sizes[d];
+  }
+  at::Tensor inp = dense ? *self
+                         : call.contiguous(view_of(*self, sizes, strides, self->storage_offset()),
+                                           plan);
+  at::Tensor out = call.empty(reduced_shape(self->sizes(), dim, keepdim), c10::kBool);
+  Launch& L = plan.add_launch();
+  L.start(fn);
+  use_config(L, *cfg);
+  L.grid[0] = static_cast<uint32_t>(cdiv(M, cfg->values[0]));
+  L.ptr(inp);
+  L.ptr(out);
+  L.i(M);
+  L.i(N);
+  L.i(cfg->values[0]);
+  L.i(cfg->values[1]);
   plan.results.push_back(out);
   return Outcome::kPlanned;
 }

@@ -147,6 +147,7 @@ OpDesc g_ops[] = {
     {"mean.dim", plan_reduce_dim, &kMean},
     {"argmax", plan_reduce_dim, &kArgmax},
     {"all", plan_whole_reduce, &kAll},
+    {"all.dim", plan_all_dim, nullptr},
     {"max", plan_whole_reduce, &kMax},
     {"cumsum", plan_cumsum, nullptr},
     {"_softmax", plan_softmax, &kSoftmax},
