@@ -289,7 +289,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-batch", type=int, default=4)
     p.add_argument("--train-len", type=int, default=128)
     p.add_argument("--train-rounds", type=int, default=2)
-    p.add_argument("--routing-steps", type=int, default=10,
+    p.add_argument("--routing-steps", type=int, default=30,
                    help="interleaved steps per side of the in-process routing comparison")
     p.add_argument("--skip", choices=("inference", "training", "routings"), action="append",
                    default=[])

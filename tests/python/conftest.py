@@ -14,6 +14,20 @@ import sys
 
 os.environ.setdefault("FLAGOS_HOST_DEVICES", "2")
 
+# A FlagGems disk cache of the test process's own (unless one is given), read
+# like FLAGOS_HOST_DEVICES at import. The FlagGems tests compare the C++ launch
+# with FlagGems' Python path in one process; a config of an autotuned kernel
+# learned by another process (the user's warm cache, a parallel test shard) is
+# what FlagGems' timed autotuner chose there, not necessarily here. It also
+# keeps the tests out of the user's ~/.cache.
+if "FLAGOS_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+
+    _cache_dir = tempfile.mkdtemp(prefix="torch_fl-test-cache-")
+    os.environ["FLAGOS_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
