@@ -432,6 +432,27 @@ def test_argmax_flaggems_cannot_compile_runs_natively():
 
 
 @_first_shard
+def test_argmax_over_few_long_rows_runs_natively():
+    # FlagGems' inner argmax kernel walks each row with one program: over fewer
+    # rows than SMs (greedy decoding over a vocabulary) CUDA's kernel serves it.
+    g = torch.Generator().manual_seed(SEED)
+    for rows, dtype in ((1, torch.bfloat16), (2, torch.bfloat16), (8, torch.float32)):
+        x = randn(g, (rows, 151936), dtype)
+        torch_fl.routing.reset_stats()
+        got = x.to("flagos").argmax(-1)
+        calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::argmax"]
+        assert calls == {"native": 1}, calls
+        assert torch.equal(got.cpu(), x.cuda().argmax(-1).cpu())
+    # Short rows, or as many rows as SMs, stay on FlagGems' kernel.
+    x = randn(g, (4, 4096), torch.float32).to("flagos")
+    x.argmax(-1)
+    torch_fl.routing.reset_stats()
+    x.argmax(-1)
+    calls = {s.op: s.calls for s in torch_fl.routing.stats()}["aten::argmax"]
+    assert calls == {"flaggems": 1}, calls
+
+
+@_first_shard
 def test_index_select_that_copies_its_input_runs_natively():
     # FlagGems' index_select makes the selected dim innermost by copying the whole
     # input; where that is not free (an embedding table, row-major), CUDA serves it.
