@@ -110,4 +110,22 @@ at::Tensor view_of(const at::Tensor& base, c10::IntArrayRef sizes, c10::IntArray
   return t;
 }
 
+at::Tensor permuted(const at::Tensor& t, const int64_t* order) {
+  c10::SmallVector<int64_t, 6> sizes, strides;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    sizes.push_back(t.size(order[i]));
+    strides.push_back(t.stride(order[i]));
+  }
+  return view_of(t, sizes, strides, t.storage_offset());
+}
+
+at::Tensor dim_last(const at::Tensor& t, int64_t dim) {
+  c10::SmallVector<int64_t, 6> order;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (i != dim) order.push_back(i);
+  }
+  order.push_back(dim);
+  return permuted(t, order.data());
+}
+
 }  // namespace torch_fl::flaggems

@@ -119,6 +119,11 @@ class Call {
 // autograd view tracking: for tensors an operator returns or uses internally).
 at::Tensor view_of(const at::Tensor& base, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                    int64_t storage_offset);
+// view_of `t` with its dimensions in `order` (t.permute(order)).
+at::Tensor permuted(const at::Tensor& t, const int64_t* order);
+// view_of `t` with `dim` moved last and the others in order: FlagGems'
+// dim_compress(t, dim) before its .contiguous().
+at::Tensor dim_last(const at::Tensor& t, int64_t dim);
 
 // A CallPlan::post that copies post_src into post_dst (flagos' own copy).
 void post_copy(CallPlan& plan);

@@ -26,16 +26,6 @@ KernelSlot g_embedding_bwd{"flag_gems.ops.embedding_dense_backward",
 
 constexpr int kMaxCatInputs = 4 * kMaxLaunches;
 
-// A view of `t` with its dimensions in `order`.
-at::Tensor permuted(const at::Tensor& t, const int64_t* order) {
-  c10::SmallVector<int64_t, 6> sizes, strides;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    sizes.push_back(t.size(order[i]));
-    strides.push_back(t.stride(order[i]));
-  }
-  return view_of(t, sizes, strides, t.storage_offset());
-}
-
 }  // namespace
 
 // cat(Tensor[] tensors, int dim): inputs four at a time into cat_copy_func_kernel_4.
@@ -120,13 +110,7 @@ Outcome plan_index_select(const OpDesc&, Call& call, CallPlan& plan) {
   int64_t dim = 0;
   if (!int_arg(call.arg(1), &dim) || !wrap_dim(dim, ndim, &dim)) return Outcome::kDecline;
   if (ndim > 6) return Outcome::kDecline;
-  int64_t order[6];
-  int k = 0;
-  for (int64_t i = 0; i < ndim; ++i) {
-    if (i != dim) order[k++] = i;
-  }
-  order[k] = dim;
-  at::Tensor view = permuted(*self, order);
+  at::Tensor view = dim_last(*self, dim);
   // Unless the selected dim is innermost in memory, FlagGems' wrapper copies
   // the whole input to make it so: O(input) work for an O(output) result. For
   // an embedding lookup that is a transposed copy of the table per call (an
@@ -168,7 +152,7 @@ Outcome plan_index_select(const OpDesc&, Call& call, CallPlan& plan) {
   // ndim-1 at dim. A permuted view that is contiguous already (size-1 dims)
   // stays a view, whose strides the reshape recomputes (computeStride).
   int64_t back[6];
-  k = 0;
+  int64_t k = 0;
   for (int64_t i = 0; i < ndim; ++i) back[i] = i == dim ? ndim - 1 : k++;
   at::Tensor view_back = permuted(out, back);
   at::Tensor result;

@@ -115,25 +115,11 @@ Outcome plan_all_dim(const OpDesc&, Call& call, CallPlan& plan) {
   const TunedConfig* cfg = call.tuned(g_tune_all_dim, key, 4, plan);
   if (!cfg) return Outcome::kNeedTuning;
 
-  // self.permute(others + [dim]).contiguous(): no copy when that order is
-  // already dense (always so for the last dim of a contiguous tensor).
-  const int64_t nd = self->dim();
-  c10::SmallVector<int64_t, 6> sizes, strides;
-  for (int64_t d = 0; d < nd; ++d) {
-    if (d == dim) continue;
-    sizes.push_back(self->size(d));
-    strides.push_back(self->stride(d));
-  }
-  sizes.push_back(N);
-  strides.push_back(self->stride(dim));
-  bool dense = true;
-  for (int64_t d = nd - 1, expected = 1; d >= 0; --d) {
-    if (sizes[d] != 1 && strides[d] != expected) dense = false;
-    expected *= sizes[d];
-  }
-  at::Tensor inp = dense ? *self
-                         : call.contiguous(view_of(*self, sizes, strides, self->storage_offset()),
-                                           plan);
+  // The attention mask's case, the last dim of a contiguous tensor, needs no
+  // view: dim_compress leaves it as it is.
+  at::Tensor inp = dim == self->dim() - 1 && self->is_contiguous()
+                       ? *self
+                       : call.contiguous(dim_last(*self, dim), plan);
   at::Tensor out = call.empty(reduced_shape(self->sizes(), dim, keepdim), c10::kBool);
   Launch& L = plan.add_launch();
   L.start(fn);
