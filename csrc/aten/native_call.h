@@ -20,7 +20,6 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 
 #include "aten/native_view.h"
@@ -76,10 +75,7 @@ class NativeCall {
 
   template <class Kernel>
   decltype(auto) run(Kernel&& kernel) {
-    // Switching devices only when needed: the guard's exchange-and-restore
-    // costs more than the rest of a small op's bookkeeping.
-    std::optional<c10::DeviceGuard> guard;
-    if (device_ != current_) guard.emplace(c10::Device(runtime::kFlagos, device_));
+    const auto guard = runtime::guard_unless_current(device_, current_);
     runtime::NativeAllocationScope scope(device_);
     return kernel();
   }
