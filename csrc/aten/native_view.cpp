@@ -10,6 +10,7 @@
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/native_allocation.h"
+#include "runtime/result_tensor.h"
 #include "runtime/storage.h"
 
 namespace torch_fl::aten {
@@ -214,7 +215,9 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   const c10::DataPtr& dp = ns->data_ptr();
   const size_t nbytes = ns->nbytes();
   c10::Storage flagos_storage;
+  bool fresh = false;
   if (runtime::FlagosAllocator::owns(dp) && native.storage().use_count() == 1) {
+    fresh = true;
     // Flagos memory already (the host driver's capturing scope, or the CUDA
     // caching allocator), held by this result alone: the allocation itself
     // moves to a flagos storage, so it frees (and record_stream works)
@@ -245,7 +248,12 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     flagos_storage = std::move(fresh);
   }
   adopted_.emplace_back(ns, flagos_storage);
-  at::Tensor result = flagos_tensor_on(std::move(flagos_storage), native);
+  // A fresh result's flagos tensor takes the kernel's metadata as it is
+  // (runtime/result_tensor.h); others are made from its geometry.
+  at::Tensor result =
+      fresh ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
+                  std::move(flagos_storage), *native.unsafeGetTensorImpl()))
+            : flagos_tensor_on(std::move(flagos_storage), native);
   // The kernel's own result is a native view of the new flagos tensor: the
   // next operator that takes this result (usually the very next one) uses it.
   if (cache_ != nullptr &&

@@ -108,6 +108,51 @@ def test_results_of_one_op_feed_the_next_and_views_alias_their_base():
     assert y.cpu()[0].ne(7).any()  # cat copies
 
 
+@pytest.mark.parametrize("case", ["plain", "channels_last", "transposed", "conj", "inference"])
+def test_results_carry_the_metadata_of_tensors_made_on_flagos(case):
+    # A routed op's result is made from the native kernel's own tensor
+    # (runtime/result_tensor.h): its keys, geometry, contiguity flags and
+    # version counter must be those of the same result made on the CPU, moved.
+    g = torch.Generator().manual_seed(5)
+    dtype = torch.complex64 if case == "conj" else torch.float32
+    cpu = torch.randn(2, 3, 4, 5, generator=g, dtype=dtype)
+    if case == "channels_last":
+        cpu = cpu.contiguous(memory_format=torch.channels_last)
+    if case == "transposed":
+        cpu = cpu.transpose(1, 3)
+    x = cpu.to("flagos") if case != "channels_last" else cpu.to("flagos").contiguous(
+        memory_format=torch.channels_last)
+    if case == "conj":
+        x, cpu = x.conj(), cpu.conj()
+    if case == "inference":
+        with torch.inference_mode():
+            y, ref = x * 2, cpu * 2
+    else:
+        y, ref = x * 2, cpu * 2
+    assert y.device.type == "flagos" and y.dtype == ref.dtype
+    assert (y.shape, y.stride(), y.storage_offset()) == (ref.shape, ref.stride(), ref.storage_offset())
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        assert y.is_contiguous(memory_format=fmt) == ref.is_contiguous(memory_format=fmt)
+    assert y.is_conj() == ref.is_conj() and y.is_inference() == ref.is_inference()
+    keys = torch._C._dispatch_keys(torch.empty(1, device="flagos", dtype=dtype))
+    if case == "inference":
+        with torch.inference_mode():
+            keys = torch._C._dispatch_keys(torch.empty(1, device="flagos", dtype=dtype))
+    assert torch._C._dispatch_keys(y.resolve_conj() if case == "conj" else y) == keys
+    torch.testing.assert_close(y.cpu(), ref)
+    if case != "inference":
+        assert y._version == 0
+        y.add_(1)  # a routed in-place op bumps the result's own counter once
+        assert y._version == 1 and x._version == 0
+        torch.testing.assert_close(y.cpu(), ref + 1)
+        w = torch.randn(3, device="flagos", requires_grad=True)
+        h = w * 3
+        h.exp_()  # exp_ saves its result: a later in-place change must be caught
+        h.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            h.sum().backward()
+
+
 def test_same_device_errors_are_the_boxed_paths():
     a = torch.randn(3, device="flagos")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
