@@ -40,8 +40,10 @@ class FlagosStorage final : public c10::StorageImpl {
   static c10::StorageImpl* twin_of(c10::StorageImpl* storage) noexcept {
     if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
     c10::StorageImpl* twin = static_cast<FlagosStorage*>(storage)->twin_.get();
+    // A storage with a twin has a concrete size (symbolic ones get none), so
+    // nbytes() is safe; comparing SymInts would go through SymBool.
     if (twin == nullptr || twin->data_ptr().get() != storage->data_ptr().get() ||
-        twin->sym_nbytes() != storage->sym_nbytes()) {
+        twin->nbytes() != storage->nbytes()) {
       return nullptr;
     }
     return twin;
