@@ -12,9 +12,8 @@ void NativeCall::mismatch(c10::DeviceIndex d) const {
 }
 
 void NativeCall::finish_arguments() {
-  current_ = runtime::current_device();
   if (device_ == -1) {
-    device_ = current_;
+    device_ = runtime::current_device();
     return;
   }
   // A non-flagos tensor among flagos arguments is accepted where CUDA accepts

@@ -12,7 +12,8 @@
 //     current device when no argument named one;
 //  3. generator() for Generator arguments (they need the device);
 //  4. run(kernel): on the call's device, with allocations captured as flagos
-//     memory (NativeAllocationScope);
+//     memory (NativeAllocationScope); or run_self_guarded(kernel) for a
+//     kernel that sets the device itself;
 //  5. sync_written(), then result() for each returned tensor.
 
 #include <optional>
@@ -47,6 +48,7 @@ class NativeCall {
       return t;
     }
     see(t.device().index());
+    tensor_named_device_ = true;
     return views_.to_native(t);
   }
 
@@ -75,7 +77,20 @@ class NativeCall {
 
   template <class Kernel>
   decltype(auto) run(Kernel&& kernel) {
-    const auto guard = runtime::guard_unless_current(device_, current_);
+    const auto guard = runtime::guard_unless_current(device_);
+    runtime::NativeAllocationScope scope(device_);
+    return kernel();
+  }
+
+  // run() for a kernel that makes the device of its tensor arguments current
+  // itself: a PyTorch kernel registered for the native device, whose
+  // generated wrapper guards the device (on the host driver, the CPU has
+  // none). A call whose device no tensor named (device_arg() alone) is
+  // guarded here. Skipping our guard skips reading the current device, a
+  // driver call (cudaGetDevice) on every routed operator.
+  template <class Kernel>
+  decltype(auto) run_self_guarded(Kernel&& kernel) {
+    if (!tensor_named_device_) return run(std::forward<Kernel>(kernel));
     runtime::NativeAllocationScope scope(device_);
     return kernel();
   }
@@ -105,7 +120,7 @@ class NativeCall {
   const c10::OperatorHandle& op_;
   NativeViews views_;
   c10::DeviceIndex device_ = -1;
-  c10::DeviceIndex current_ = -1;
+  bool tensor_named_device_ = false;  // a flagos tensor argument set device_
   c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 2> written_;  // (flagos, view)
   c10::SmallVector<std::pair<c10::TensorImpl*, bool>, 2> foreign_;  // (tensor, index_list)
 };

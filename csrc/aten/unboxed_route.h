@@ -230,10 +230,10 @@ struct UnboxedRoute<Op, Ret(Args...)> {
           native);
     };
     if constexpr (std::is_void_v<Ret>) {
-      call.run(kernel);
+      call.run_self_guarded(kernel);
       call.sync_written();
     } else {
-      decltype(auto) r = call.run(kernel);
+      decltype(auto) r = call.run_self_guarded(kernel);
       call.sync_written();
       return Result<std::remove_const_t<Ret>>::map(call, std::forward<decltype(r)>(r), native);
     }

@@ -114,7 +114,10 @@ c10::DataPtr allocate(DeviceIndex device, size_t nbytes) {
 }
 
 bool owns(const c10::DataPtr& ptr) {
-  return ptr.get_deleter() == alloc()->raw_deleter();
+  // The allocator cannot change once CUDA is initialised (PyTorch refuses
+  // change_current_allocator then), and flagos memory exists only after that.
+  static const c10::DeleterFnPtr deleter = alloc()->raw_deleter();
+  return ptr.get_deleter() == deleter;
 }
 
 c10::Allocator* native_allocator() { return alloc(); }

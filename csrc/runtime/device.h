@@ -30,15 +30,10 @@ c10::DeviceIndex resolve_device(c10::DeviceIndex index);
 
 // A guard that makes flagos device `index` current for its scope, or none when
 // it is current already: the guard's exchange and restore cost more than the
-// rest of a small operator's bookkeeping. `current`: the current device, for a
-// caller that has read it already.
-inline std::optional<c10::DeviceGuard> guard_unless_current(c10::DeviceIndex index,
-                                                            c10::DeviceIndex current) {
-  if (index == current) return std::nullopt;
-  return std::optional<c10::DeviceGuard>(std::in_place, c10::Device(kFlagos, index));
-}
+// rest of a small operator's bookkeeping.
 inline std::optional<c10::DeviceGuard> guard_unless_current(c10::DeviceIndex index) {
-  return guard_unless_current(index, current_device());
+  if (index == current_device()) return std::nullopt;
+  return std::optional<c10::DeviceGuard>(std::in_place, c10::Device(kFlagos, index));
 }
 
 // True in a child process forked after the device was initialised; such a
