@@ -215,9 +215,12 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   const c10::DataPtr& dp = ns->data_ptr();
   const size_t nbytes = ns->nbytes();
   c10::Storage flagos_storage;
-  bool fresh = false;
-  if (runtime::FlagosAllocator::owns(dp) && native.storage().use_count() == 1) {
-    fresh = true;
+  // Held by this result alone: then nothing else holds its version counter
+  // either, so the flagos tensor may share it (ResultTensorImpl).
+  const bool sole_owner =
+      runtime::FlagosAllocator::owns(dp) && native.storage().use_count() == 1;
+  bool native_is_twin = false;  // the result's storage became the twin
+  if (sole_owner) {
     // Flagos memory already (the host driver's capturing scope, or the CUDA
     // caching allocator), held by this result alone: the allocation itself
     // moves to a flagos storage, so it frees (and record_stream works)
@@ -228,6 +231,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     c10::intrusive_ptr<c10::StorageImpl> twin;
     if (runtime::usable_as_twin(*ns)) {
       twin = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns);
+      native_is_twin = true;
     }
     flagos_storage = c10::Storage(
         runtime::make_flagos_storage(nbytes, std::move(moved), std::move(twin)));
@@ -248,19 +252,16 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     flagos_storage = std::move(fresh);
   }
   adopted_.emplace_back(ns, flagos_storage);
-  // A fresh result's flagos tensor takes the kernel's metadata as it is
+  // A sole owner's flagos tensor takes the kernel's metadata as it is
   // (runtime/result_tensor.h); others are made from its geometry.
   at::Tensor result =
-      fresh ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
-                  std::move(flagos_storage), *native.unsafeGetTensorImpl()))
-            : flagos_tensor_on(std::move(flagos_storage), native);
-  // The kernel's own result is a native view of the new flagos tensor: the
-  // next operator that takes this result (usually the very next one) uses it.
-  if (cache_ != nullptr &&
-      native.storage().unsafeGetStorageImpl() ==
-          FlagosStorage::twin_of(result.storage().unsafeGetStorageImpl())) {
-    cache_->put(result.unsafeGetTensorImpl(), native);
-  }
+      sole_owner ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
+                       std::move(flagos_storage), *native.unsafeGetTensorImpl()))
+                 : flagos_tensor_on(std::move(flagos_storage), native);
+  // The kernel's own result, over the twin, is a native view of the new
+  // flagos tensor: the next operator that takes this result (usually the
+  // very next one) uses it.
+  if (cache_ != nullptr && native_is_twin) cache_->put(result.unsafeGetTensorImpl(), native);
   return result;
 }
 

@@ -11,7 +11,7 @@ const c10::DispatchKeySet kKeys =
     c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
 const c10::DispatchKeySet kInferenceKeys =
     kKeys - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
-const c10::DispatchKeySet kLayoutBits({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+const c10::DispatchKeySet kConjNegKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
 
 }  // namespace
 
@@ -23,7 +23,7 @@ ResultTensorImpl::ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native
     : c10::TensorImpl(c10::TensorImpl::VIEW, std::move(storage), kInferenceKeys,
                       native.dtype()) {
   const bool inference = native.is_inference();
-  key_set_ = (inference ? kInferenceKeys : kKeys) | (native.key_set() & kLayoutBits);
+  key_set_ = (inference ? kInferenceKeys : kKeys) | (native.key_set() & kConjNegKeys);
   if (!inference) version_counter_ = native.version_counter();
   sizes_and_strides_ = native.*(&ResultTensorImpl::sizes_and_strides_);
   storage_offset_ = native.storage_offset();
