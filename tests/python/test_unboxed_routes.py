@@ -7,6 +7,7 @@ semantics (in-place identity, out= resizing, aliasing, metadata changed in
 place) must not depend on which path ran a call.
 """
 
+import contextlib
 import threading
 
 import pytest
@@ -120,24 +121,18 @@ def test_results_carry_the_metadata_of_tensors_made_on_flagos(case):
         cpu = cpu.contiguous(memory_format=torch.channels_last)
     if case == "transposed":
         cpu = cpu.transpose(1, 3)
-    x = cpu.to("flagos") if case != "channels_last" else cpu.to("flagos").contiguous(
-        memory_format=torch.channels_last)
+    x = cpu.to("flagos")  # keeps the memory format
     if case == "conj":
         x, cpu = x.conj(), cpu.conj()
-    if case == "inference":
-        with torch.inference_mode():
-            y, ref = x * 2, cpu * 2
-    else:
+    mode = torch.inference_mode() if case == "inference" else contextlib.nullcontext()
+    with mode:
         y, ref = x * 2, cpu * 2
+        keys = torch._C._dispatch_keys(torch.empty(1, device="flagos", dtype=dtype))
     assert y.device.type == "flagos" and y.dtype == ref.dtype
     assert (y.shape, y.stride(), y.storage_offset()) == (ref.shape, ref.stride(), ref.storage_offset())
     for fmt in (torch.contiguous_format, torch.channels_last):
         assert y.is_contiguous(memory_format=fmt) == ref.is_contiguous(memory_format=fmt)
     assert y.is_conj() == ref.is_conj() and y.is_inference() == ref.is_inference()
-    keys = torch._C._dispatch_keys(torch.empty(1, device="flagos", dtype=dtype))
-    if case == "inference":
-        with torch.inference_mode():
-            keys = torch._C._dispatch_keys(torch.empty(1, device="flagos", dtype=dtype))
     assert torch._C._dispatch_keys(y.resolve_conj() if case == "conj" else y) == keys
     torch.testing.assert_close(y.cpu(), ref)
     if case != "inference":
