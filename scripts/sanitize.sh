@@ -3,9 +3,9 @@
 # failure or build error makes the script exit non-zero.
 #
 # Stages (SANITIZE_STAGES picks some; all by default, in this order):
-#   asan-cpp     the torch-free libraries (HAL, routing-config grammar) and their
-#                GoogleTest units, built with ASan+UBSan (FLAGOS_SANITIZE=ON) and
-#                run with LeakSanitizer on.
+#   asan-cpp     the torch-free libraries (HAL, routing-config grammar, the
+#                runtime's per-thread cache) and their GoogleTest units, built
+#                with ASan+UBSan (FLAGOS_SANITIZE=ON) and run with LeakSanitizer on.
 #   tsan-cpp     the same units built with clang -fsanitize=thread (the host
 #                driver's concurrent allocations, per-thread current device),
 #                the concurrency tests repeated. Skipped, saying so, without clang++.
@@ -105,19 +105,21 @@ configure_asan() {  # configure_asan PYTHON_ON|OFF
 
 # ------------------------------------------------------------------ asan-cpp
 stage_asan_cpp() {
-  say "asan-cpp: HAL + routing-config units under ASan+UBSan, LeakSanitizer on"
+  say "asan-cpp: HAL, routing-config and thread-cache units under ASan+UBSan, LeakSanitizer on"
   if want asan-python; then timed "configure" configure_asan ON; else timed "configure" configure_asan OFF; fi
-  timed "asan-cpp build" cmake --build "$BUILD" --target hal_tests -j "$JOBS"
-  timed "asan-cpp run" env \
-    ASAN_OPTIONS="$asan_common:detect_leaks=1" \
-    LSAN_OPTIONS="exitcode=88" \
-    UBSAN_OPTIONS="$ubsan_common" \
-    "$BUILD/tests/cpp/hal_tests" --gtest_brief=1
+  timed "asan-cpp build" cmake --build "$BUILD" --target hal_tests runtime_tests -j "$JOBS"
+  for t in hal_tests runtime_tests; do
+    timed "asan-cpp run $t" env \
+      ASAN_OPTIONS="$asan_common:detect_leaks=1" \
+      LSAN_OPTIONS="exitcode=88" \
+      UBSAN_OPTIONS="$ubsan_common" \
+      "$BUILD/tests/cpp/$t" --gtest_brief=1
+  done
 }
 
 # ------------------------------------------------------------------ tsan-cpp
 stage_tsan_cpp() {
-  say "tsan-cpp: HAL + routing-config units under ThreadSanitizer"
+  say "tsan-cpp: HAL, routing-config and thread-cache units under ThreadSanitizer"
   if ! command -v clang++ >/dev/null; then
     SUMMARY+=("tsan-cpp                     SKIPPED (no clang++)")
     echo "[sanitize] tsan-cpp SKIPPED: clang++ not found"
@@ -130,9 +132,11 @@ stage_tsan_cpp() {
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
       -DFLAGOS_BUILD_PYTHON=OFF -DFLAGOS_BUILD_TESTS=ON >/dev/null
   fi
-  timed "tsan-cpp build" cmake --build "$TSAN_BUILD" --target hal_tests -j "$JOBS"
+  timed "tsan-cpp build" cmake --build "$TSAN_BUILD" --target hal_tests runtime_tests -j "$JOBS"
   local opts="halt_on_error=1:second_deadlock_stack=1:exitcode=66"
   timed "tsan-cpp run" env TSAN_OPTIONS="$opts" "$TSAN_BUILD/tests/cpp/hal_tests" --gtest_brief=1
+  timed "tsan-cpp run runtime_tests" env TSAN_OPTIONS="$opts" \
+    "$TSAN_BUILD/tests/cpp/runtime_tests" --gtest_brief=1
   # The concurrency tests again, many times: more interleavings for TSan.
   timed "tsan-cpp repeat x50" env TSAN_OPTIONS="$opts" "$TSAN_BUILD/tests/cpp/hal_tests" \
     --gtest_brief=1 --gtest_filter='*Concurrent*:*PerThread*' --gtest_repeat=50

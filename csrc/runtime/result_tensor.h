@@ -14,6 +14,8 @@
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
 
+#include "runtime/thread_cache.h"
+
 namespace torch_fl::runtime {
 
 class ResultTensorImpl final : public c10::TensorImpl {
@@ -22,6 +24,12 @@ class ResultTensorImpl final : public c10::TensorImpl {
   // with `native`'s sizes, strides, offset, dtype, conj/neg bits, inference
   // state and version counter.
   ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native);
+
+  // One is made and freed per routed result: memory from a per-thread cache.
+  static void* operator new(size_t n) { return ThreadCache<ResultTensorImpl>::allocate(n); }
+  static void operator delete(void* p, size_t n) noexcept {
+    ThreadCache<ResultTensorImpl>::release(p, n);
+  }
 };
 
 }  // namespace torch_fl::runtime

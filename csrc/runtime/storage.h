@@ -24,6 +24,8 @@
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
 
+#include "runtime/thread_cache.h"
+
 namespace torch_fl::runtime {
 
 class FlagosStorage final : public c10::StorageImpl {
@@ -51,6 +53,12 @@ class FlagosStorage final : public c10::StorageImpl {
 
   // Replaces the memory (and size) of the storage and re-points the twin.
   void set_memory(c10::DataPtr data_ptr, size_t nbytes);
+
+  // One is made and freed per routed result: memory from a per-thread cache.
+  static void* operator new(size_t n) { return ThreadCache<FlagosStorage>::allocate(n); }
+  static void operator delete(void* p, size_t n) noexcept {
+    ThreadCache<FlagosStorage>::release(p, n);
+  }
 
  private:
   void point_twin();
