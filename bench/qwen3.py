@@ -21,10 +21,13 @@ Method (docs/benchmarks.md):
   the generated tokens compared to CUDA's.
 - Training runs one process per configuration and round (a CUDA backward
   cannot run in a process that loaded torch_fl: pytorch#161129, docs/gpu.md),
-  alternating the order of configurations between rounds; a process runs S
-  fp32 AdamW steps and S bf16-autocast AdamW steps from the same seeded
-  model; a step's time is the median of steps 2..S; the ratio is the median
-  of the per-round ratios; losses are compared to CUDA's bit for bit.
+  alternating the order of configurations between rounds, with a second CUDA
+  process per round as the A/A row; a process runs S fp32 AdamW steps and S
+  bf16-autocast AdamW steps from the same seeded model; a step's time is the
+  median of steps 2..S; the ratio is the median of the per-round ratios;
+  losses are compared to CUDA's bit for bit.
+- Every timed region runs with Python's garbage collector off, after a
+  collection (as timeit does), so no side pays for another's garbage.
 - The flagos configurations' training steps are also compared with each
   other in one process (they can share one): a model and optimizer per
   configuration, steps interleaved with the first side rotating, the ratio
@@ -35,7 +38,9 @@ Method (docs/benchmarks.md):
 """
 
 import argparse
+import contextlib
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -62,6 +67,19 @@ def use_routing(config: str) -> None:
     torch_fl.flaggems.set_cpp_enabled(cpp)
 
 
+@contextlib.contextmanager
+def no_gc():
+    """Python's garbage collector collected before, and off during, a timed
+    region (as timeit does): a collection of generate()'s or a training step's
+    garbage would otherwise fall on whichever side happens to trigger it."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 # ---- inference: one process, interleaved ------------------------------------------------
 
 def timed_generate(model, ids, new_tokens):
@@ -70,7 +88,7 @@ def timed_generate(model, ids, new_tokens):
     import torch
     import qwen3_workload as wl
 
-    with torch.no_grad():
+    with torch.no_grad(), no_gc():
         wl.synchronize(ids.device)
         t0 = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -179,11 +197,12 @@ def train_child(a) -> int:
         losses, times = [], []
         for step in range(a.steps):
             x = data[step % data.shape[0]]
-            wl.synchronize(device)
-            t0 = time.perf_counter()
-            loss = train_step(model, opt, x, device, amp=(mode != "fp32"))
-            wl.synchronize(device)
-            times.append(time.perf_counter() - t0)
+            with no_gc():
+                wl.synchronize(device)
+                t0 = time.perf_counter()
+                loss = train_step(model, opt, x, device, amp=(mode != "fp32"))
+                wl.synchronize(device)
+                times.append(time.perf_counter() - t0)
             losses.append(loss.item())
         out[mode] = {"step_s": statistics.median(times[1:]), "losses": losses}
         del model, opt
@@ -206,12 +225,14 @@ def run_train(a, config: str) -> dict:
 
 
 def training(a) -> dict:
-    configs = tuple(c for c in CONFIGS if c == "cuda" or c in a.configs)
+    # "cuda (A/A)": a second CUDA process per round, the noise between
+    # processes that the flagos rows are read against.
+    configs = ("cuda", "cuda (A/A)") + tuple(c for c in CONFIGS[1:] if c in a.configs)
     runs = {c: [] for c in configs}
     for r in range(a.train_rounds):
         order = configs if r % 2 == 0 else tuple(reversed(configs))
         for c in order:
-            runs[c].append(run_train(a, c))
+            runs[c].append(run_train(a, "cuda" if c == "cuda (A/A)" else c))
     out = {}
     for mode in TRAIN_MODES:
         row = {}
@@ -258,10 +279,11 @@ def training_routings(a) -> dict:
                 x = data[step % data.shape[0]]
                 for side in sides[step % len(sides):] + sides[:step % len(sides)]:
                     use_routing(side)
-                    wl.synchronize("flagos")
-                    t0 = time.perf_counter()
-                    train_step(*state[side], x, "flagos", amp=(mode != "fp32"))
-                    wl.synchronize("flagos")
+                    with no_gc():
+                        wl.synchronize("flagos")
+                        t0 = time.perf_counter()
+                        train_step(*state[side], x, "flagos", amp=(mode != "fp32"))
+                        wl.synchronize("flagos")
                     if step >= 2:
                         times[side].append(time.perf_counter() - t0)
             row = {}
