@@ -70,9 +70,12 @@ class ViewCache {
   }
 
  private:
-  static constexpr size_t kSlots = 64;
-  static size_t slot(const void* p) {
-    return (reinterpret_cast<uintptr_t>(p) >> 6) % kSlots;  // TensorImpls are >= 64 bytes
+  // Enough for an optimizer's `_foreach_*` lists over every parameter (a few
+  // thousand tensors) to stay cached between steps: 64 KiB a thread.
+  static constexpr int kSlotBits = 12;
+  static constexpr size_t kSlots = size_t{1} << kSlotBits;
+  static size_t slot(const void* p) {  // Fibonacci hashing of the address
+    return (reinterpret_cast<uintptr_t>(p) * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits);
   }
   struct Entry {
     const c10::TensorImpl* flagos = nullptr;
@@ -123,13 +126,7 @@ at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {
 at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (!flagos.defined()) return flagos;
   c10::StorageImpl* fs = flagos.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  StoragePair* pair = nullptr;
-  for (auto& p : storages_) {
-    if (p.flagos == fs) {
-      pair = &p;
-      break;
-    }
-  }
+  StoragePair* pair = storage_of_flagos_.find(storages_, fs, storage_by_flagos);
   if (pair == nullptr) {
     // The storage's twin when it has a valid one (every storage flagos made),
     // else a native storage for this call alone.
@@ -140,6 +137,8 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
       c10::StorageImpl* raw = owned.unsafeGetStorageImpl();
       storages_.push_back({fs, raw, std::move(owned), fs->data_ptr().get()});
     }
+    storage_of_flagos_.added(storages_, storage_by_flagos);
+    storage_of_native_.added(storages_, storage_by_native);
     pair = &storages_.back();
   }
   // Views of twins outlive the call in the thread's cache, keyed by the flagos
@@ -148,6 +147,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (cacheable) {
     if (const at::Tensor* cached = cache_->find(flagos.unsafeGetTensorImpl(), pair->native)) {
       tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
+      tensor_of_native_.added(tensors_, tensor_by_native);
       return *cached;
     }
   }
@@ -155,6 +155,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
       c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(pair->native)), native_key(),
       flagos);
   tensors_.push_back({view, flagos.unsafeGetTensorImpl()});
+  tensor_of_native_.added(tensors_, tensor_by_native);
   if (cacheable) cache_->put(flagos.unsafeGetTensorImpl(), view);
   return view;
 }
@@ -162,8 +163,8 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
 void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
   c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
-  for (auto& p : storages_) {
-    if (p.native != ns) continue;
+  if (StoragePair* pair = storage_of_native_.find(storages_, ns, storage_by_native)) {
+    StoragePair& p = *pair;
     if (ns->data_ptr().get() != p.original_data || ns->nbytes() != fs->nbytes()) {
       // The kernel grew the storage: its new memory came from the flagos
       // allocator (capturing scope), so it moves over without a copy, and the
@@ -177,7 +178,6 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
       runtime::replace_memory(*fs, std::move(grown), nbytes);
       p.original_data = fs->data_ptr().get();
     }
-    break;
   }
   if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
       flagos->storage_offset() != native_view.storage_offset()) {
@@ -189,23 +189,16 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;
-  auto* impl = native.unsafeGetTensorImpl();
-  for (auto& t : tensors_) {
-    if (t.native.unsafeGetTensorImpl() == impl) {
-      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t.flagos));
-    }
+  if (TensorPair* t = tensor_of_native_.find(tensors_, native.unsafeGetTensorImpl(), tensor_by_native)) {
+    return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t->flagos));
   }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
-  for (auto& p : storages_) {
-    if (p.native == ns) {
-      return flagos_tensor_on(
-          c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::
-                           reclaim_copy(p.flagos)),
-          native);
-    }
+  if (StoragePair* p = storage_of_native_.find(storages_, ns, storage_by_native)) {
+    return flagos_tensor_on(
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(p->flagos)), native);
   }
-  for (auto& a : adopted_) {
-    if (a.first == ns) return flagos_tensor_on(a.second, native);
+  if (auto* a = adopted_of_native_.find(adopted_, ns, adopted_by_native)) {
+    return flagos_tensor_on(a->second, native);
   }
   if (native.device().type() != native_type()) {
     // A result on some third device type (e.g. a CPU scalar from a CUDA op):
@@ -252,6 +245,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     flagos_storage = std::move(fresh);
   }
   adopted_.emplace_back(ns, flagos_storage);
+  adopted_of_native_.added(adopted_, adopted_by_native);
   // A sole owner's flagos tensor takes the kernel's metadata as it is
   // (runtime/result_tensor.h); others are made from its geometry.
   at::Tensor result =

@@ -12,6 +12,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
+#include "aten/pointer_index.h"
+
 namespace torch_fl::aten {
 
 class ViewCache;  // native_view.cpp
@@ -59,11 +61,29 @@ class NativeViews {
     at::Tensor native;
     c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
   };
+  using Adopted = std::pair<c10::StorageImpl*, c10::Storage>;  // (native, flagos)
+  // The keys the lists are indexed by.
+  static constexpr auto storage_by_flagos = [](const StoragePair& p) -> const void* {
+    return p.flagos;
+  };
+  static constexpr auto storage_by_native = [](const StoragePair& p) -> const void* {
+    return p.native;
+  };
+  static constexpr auto tensor_by_native = [](const TensorPair& t) -> const void* {
+    return t.native.unsafeGetTensorImpl();
+  };
+  static constexpr auto adopted_by_native = [](const Adopted& a) -> const void* {
+    return a.first;
+  };
+
   ViewCache* cache_;  // the calling thread's, when reusing views; else null
   c10::SmallVector<StoragePair, 4> storages_;
+  PointerIndex storage_of_flagos_, storage_of_native_;  // in storages_
   c10::SmallVector<TensorPair, 4> tensors_;
+  PointerIndex tensor_of_native_;  // in tensors_, by native TensorImpl
   // Native storages of results already mapped to a flagos storage.
-  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
+  c10::SmallVector<Adopted, 2> adopted_;
+  PointerIndex adopted_of_native_;
 };
 
 // A flagos tensor over `storage` with the geometry (sizes, strides, offset,

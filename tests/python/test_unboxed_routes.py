@@ -206,3 +206,46 @@ except RuntimeError as e:
                                      "FLAGOS_CPU_FALLBACK": "error"})
     assert rc == 0, err
     assert "RAISED True" in out, (out, err)
+
+
+@pytest.mark.parametrize("route", ["", "cpu"], ids=["unboxed", "boxed-cpu-route"])
+def test_long_tensor_lists_keep_aliasing_and_results(route):
+    # Past a few tensors a call's views and storages are looked up by hash
+    # (aten/pointer_index.h), and past the view cache's reach views are made
+    # afresh: lists of every parameter (an optimizer's `_foreach_*` step) and
+    # `cat` of many tensors. Views of one base share a storage, repeats share
+    # a view; both must survive as on the CPU.
+    n = 70
+    g = torch.Generator().manual_seed(1234)
+    base = torch.randn(n, 3, generator=g)
+    others = [torch.randn(3, generator=g) for _ in range(n)]
+
+    def lists(device):
+        b = base.clone().to(device)  # .to("cpu") alone would hand back `base`
+        rows = [b[i] for i in range(n)]  # n views of one storage
+        rest = [t.clone().to(device) for t in others]
+        return b, rows, rest
+
+    try:
+        for op in ("cat", "_foreach_add_.List", "_foreach_mul.Scalar"):
+            torch_fl.routing.set_route(op, route)
+        for side in ("cpu", "flagos"):
+            b, rows, rest = lists(side)
+            mixed = rows[::2] + rest + rows[::3] + [rest[0]] * 5
+            cat = torch.cat(mixed)
+            torch._foreach_add_(rows, rest)  # writes through every view into `b`
+            scaled = torch._foreach_mul(rows + rest, 0.5)
+            if side == "cpu":
+                want = (cat, b, scaled)
+            else:
+                torch.testing.assert_close(cat.cpu(), want[0], rtol=0, atol=0)
+                torch.testing.assert_close(b.cpu(), want[1], rtol=0, atol=0)
+                assert len(scaled) == len(want[2])
+                for got, ref in zip(scaled, want[2]):
+                    assert got.device.type == "flagos"
+                    torch.testing.assert_close(got.cpu(), ref, rtol=0, atol=0)
+                # Results are fresh memory, not the arguments'.
+                assert all(s.data_ptr() != r.data_ptr() for s, r in zip(scaled, rows))
+    finally:
+        for op in ("cat", "_foreach_add_.List", "_foreach_mul.Scalar"):
+            torch_fl.routing.set_route(op, "")
