@@ -23,7 +23,10 @@ says which backend served each row. Method (docs/benchmarks.md):
   80% of its host time: its ratio then says little about host overhead;
 - the mixed row is one fixed pseudo-random sequence of 2,000 of the small ops
   (seeded), reported per op; its device time is the sum of the rows' device
-  times over the sequence.
+  times over the sequence;
+- the AdamW row is one `optimizer.step()` (foreach) over 311 parameters of
+  1,024 floats with their gradients, the length of Qwen3-0.6B's parameter
+  list: `_foreach_*` calls over lists of 311 to 933 tensors.
 
     PYTHONPATH=. python bench/cuda_overhead.py [--rounds 7] [--scale 1] [--json out.json]
 
@@ -86,6 +89,13 @@ def make_cases(device):
         "index_select 1024x128 [64]": (lambda: torch.index_select(src, 0, idx2), small),
         "view + add_ (8x16)": (lambda: v.view(128)[:64].add_(1.0), small),
     }
+    # An optimizer step over a model's parameter list (Qwen3-0.6B has 311
+    # tensors): AdamW's `_foreach_*` calls take lists of 311 to 933 tensors.
+    params = [torch.nn.Parameter(rnd(1024)) for _ in range(311)]
+    for p in params:
+        p.grad = rnd(1024)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    cases["AdamW step, 311 tensors (foreach)"] = (lambda: (opt.step(), params[0])[1], 100)
     order = random.Random(0).choices(SMALL, k=MIXED_OPS)
     seq = [cases[name][0] for name in order]
 
