@@ -43,17 +43,15 @@ class ThreadCache {
   static constexpr bool kEnabled = FLAGOS_THREAD_CACHE != 0;
 
   static void* allocate(size_t n) {
-#if FLAGOS_THREAD_CACHE
-    if (n == sizeof(T)) {
+    if constexpr (kEnabled) {
       List& l = list;
-      if (l.head != nullptr) {
+      if (n == sizeof(T) && l.head != nullptr) {
         Node* node = l.head;
         l.head = node->next;
         --l.count;
         return node;
       }
     }
-#endif
     return ::operator new(n);
   }
 
@@ -61,17 +59,20 @@ class ThreadCache {
   static int cached() noexcept { return list.count; }
 
   static void release(void* p, size_t n) noexcept {
-#if FLAGOS_THREAD_CACHE
-    List& l = list;
-    if (n == sizeof(T) && !l.ended && l.count < kCapacity) {
-      if (l.count == 0) drainer.touch();  // registers the drain at thread exit
-      auto* node = static_cast<Node*>(p);
-      node->next = l.head;
-      l.head = node;
-      ++l.count;
-      return;
+    if constexpr (kEnabled) {
+      List& l = list;
+      if (n == sizeof(T) && l.state != State::kEnded && l.count < kCapacity) {
+        if (l.state == State::kFresh) {  // once per thread
+          drainer.touch();  // constructs it, which registers its destructor
+          l.state = State::kDrainAtExit;
+        }
+        auto* node = static_cast<Node*>(p);
+        node->next = l.head;
+        l.head = node;
+        ++l.count;
+        return;
+      }
     }
-#endif
     ::operator delete(p);  // unsized: clang before 19 declares no sized form by default
   }
 
@@ -82,17 +83,22 @@ class ThreadCache {
   };
   // Trivially destructible: still readable while, and after, the thread's
   // other thread-locals are destroyed.
+  enum class State : unsigned char {
+    kFresh,        // nothing cached yet on this thread
+    kDrainAtExit,  // the drain is registered
+    kEnded,        // the drain ran: free to the heap from now
+  };
   struct List {
     Node* head = nullptr;
     int count = 0;
-    bool ended = false;  // the thread's drain ran: free to the heap from now
+    State state = State::kFresh;
   };
   // Returns the thread's list to the heap when the thread ends.
   struct Drainer {
     void touch() noexcept {}
     ~Drainer() {
       List& l = list;
-      l.ended = true;
+      l.state = State::kEnded;
       while (l.head != nullptr) {
         Node* next = l.head->next;
         ::operator delete(l.head);
