@@ -163,20 +163,19 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
 void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
   c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
-  if (StoragePair* pair = storage_of_native_.find(storages_, ns, storage_by_native)) {
-    StoragePair& p = *pair;
-    if (ns->data_ptr().get() != p.original_data || ns->nbytes() != fs->nbytes()) {
+  if (StoragePair* p = storage_of_native_.find(storages_, ns, storage_by_native)) {
+    if (ns->data_ptr().get() != p->original_data || ns->nbytes() != fs->nbytes()) {
       // The kernel grew the storage: its new memory came from the flagos
       // allocator (capturing scope), so it moves over without a copy, and the
       // native storage points at it again, owning nothing.
       const size_t nbytes = ns->nbytes();
       c10::DataPtr grown = ns->set_data_ptr(
-          c10::DataPtr(p.original_data, ns->data_ptr().device()));
+          c10::DataPtr(p->original_data, ns->data_ptr().device()));
       TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
                             "grown storage was not allocated by flagos");
       grown.unsafe_set_device(flagos->device());
       runtime::replace_memory(*fs, std::move(grown), nbytes);
-      p.original_data = fs->data_ptr().get();
+      p->original_data = fs->data_ptr().get();
     }
   }
   if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
