@@ -53,6 +53,8 @@ EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 CONFIGS = ("cuda", "flagos all-cuda", "flagos", "flagos python")
 DEFAULT_CONFIGS = ("flagos all-cuda", "flagos")
 TRAIN_MODES = ("fp32", "bf16 autocast")
+# CUDA against itself: the noise the flagos rows are read against.
+BASELINES = ("cuda", "cuda (A/A)")
 # A flagos configuration: the '*' route it installs ("" removes the override)
 # and whether FlagGems' C++ launch path is on.
 ROUTINGS = {"flagos all-cuda": ("cuda", True), "flagos": ("", True), "flagos python": ("", False)}
@@ -126,11 +128,11 @@ def inference(a) -> dict:
     models["flagos"] = wl.build_model(a.size, torch.bfloat16, "flagos", seed=0)
     for m in models.values():
         m.generation_config.pad_token_id = 0
-    sides = ["cuda", "cuda (A/A)"] + [c for c in ROUTINGS if c in a.configs]
+    sides = [*BASELINES, *(c for c in ROUTINGS if c in a.configs)]
     torch_fl.routing.reset_stats()
 
     def run(side, batch):
-        dev = "cuda" if side.startswith("cuda") else "flagos"
+        dev = "cuda" if side in BASELINES else "flagos"
         if dev == "flagos":
             use_routing(side)
         ids = wl.prompt_ids(cfg["vocab_size"], batch, a.prompt_len, seed=batch).to(dev)
@@ -225,14 +227,13 @@ def run_train(a, config: str) -> dict:
 
 
 def training(a) -> dict:
-    # "cuda (A/A)": a second CUDA process per round, the noise between
-    # processes that the flagos rows are read against.
-    configs = ("cuda", "cuda (A/A)") + tuple(c for c in CONFIGS[1:] if c in a.configs)
+    # The A/A side is a second CUDA process per round.
+    configs = (*BASELINES, *(c for c in ROUTINGS if c in a.configs))
     runs = {c: [] for c in configs}
     for r in range(a.train_rounds):
         order = configs if r % 2 == 0 else tuple(reversed(configs))
         for c in order:
-            runs[c].append(run_train(a, "cuda" if c == "cuda (A/A)" else c))
+            runs[c].append(run_train(a, "cuda" if c in BASELINES else c))
     out = {}
     for mode in TRAIN_MODES:
         row = {}
