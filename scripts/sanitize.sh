@@ -40,12 +40,20 @@ CXX_SAN=${SANITIZE_CXX:-g++}  # gcc: its libasan is what Python preloads
 # (threads, leaks, fork) and the API/foreign-tensor tables of test_bad_input,
 # which drive the C++ error paths. Left out: the OpInfo sweep (minutes), the
 # subprocess-heavy routing/CLI and environment tables (import-time parsing;
-# the grammar is covered by asan-cpp and fuzzed by scripts/test.sh).
+# the grammar is covered by asan-cpp and fuzzed by scripts/test.sh). Also
+# left out: the DataLoader tests that fork worker processes from a parent
+# with live threads. GCC 12's libasan takes no allocator lock around fork(),
+# so a worker forked while another parent thread held one of its size-class
+# locks blocks on it forever (seen twice in CI: gdb showed the worker in
+# SizeClassAllocator64::GetFromAllocator under Python's malloc). They run in
+# the plain Python suite.
 DEFAULT_SLICE="tests/python/test_tensors.py tests/python/test_memory.py
   tests/python/test_streams.py tests/python/test_autograd_amp.py tests/python/test_rng.py
   tests/python/test_serialization.py tests/python/test_stress.py tests/python/test_leaks.py
   tests/python/test_fork.py tests/python/test_bad_input.py tests/python/test_unboxed_routes.py
-  --deselect tests/python/test_bad_input.py::test_environment_variable"
+  --deselect tests/python/test_bad_input.py::test_environment_variable
+  --deselect tests/python/test_fork.py::test_dataloader_fork_workers_that_do_not_touch_the_device_work
+  --deselect tests/python/test_fork.py::test_dataloader_fork_worker_touching_the_device_fails_clearly"
 read -r -a SLICE <<< "$(echo ${SANITIZE_PYTEST:-$DEFAULT_SLICE})"
 
 say() { printf '\n[sanitize] %s\n' "$*"; }
