@@ -26,6 +26,12 @@ Method (docs/benchmarks.md):
   bf16-autocast AdamW steps from the same seeded model; a step's time is the
   median of steps 2..S; the ratio is the median of the per-round ratios;
   losses are compared to CUDA's bit for bit.
+- The forward half of a training step (the loss, autograd recording the
+  graph; fp32 and bf16 autocast) shares one process: CUDA, its A/A twin and
+  the flagos configurations interleaved over --forward-rounds rounds, the
+  first side rotating; the ratio is the median of per-round time ratios,
+  losses compared bit for bit. Both sides run in the same process state, round
+  by round; a whole step's separate processes add their own differences.
 - Every timed region runs with Python's garbage collector off, after a
   collection (as timeit does), so no side pays for another's garbage.
 - The flagos configurations' training steps are also compared with each
@@ -248,6 +254,57 @@ def training(a) -> dict:
     return out
 
 
+# ---- training forward: one process, interleaved -------------------------------------------
+
+def training_forward(a) -> dict:
+    """The forward half of a training step (loss with autograd recording the
+    graph, fp32 and bf16 autocast), native CUDA and the flagos configurations
+    interleaved in one process, with an A/A pair (``cuda`` twice). A whole step
+    needs a process per side (a CUDA backward beside flagos fails,
+    pytorch#161129), and processes differ by more than the sides do; the
+    forward shares one, so its ratio is the step's most precise share. The
+    graph is dropped unused; the ratio is the median of a.forward_rounds
+    per-round ratios, after a.warmup forwards per side; losses are compared
+    to CUDA's bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    import torch
+    import torch_fl  # noqa: F401  (the flagos device, before the data moves there)
+    import qwen3_workload as wl
+
+    cfg = wl.SIZES[a.size]
+    x = wl.train_batches(cfg["vocab_size"], a.train_batch, a.train_len, seed=0)[0]
+    xs = {"cuda": x.to("cuda"), "flagos": x.to("flagos")}
+    sides = [*BASELINES, *(c for c in ROUTINGS if c in a.configs)]
+    models = {d: wl.build_model(a.size, torch.float32, d, seed=0, train=True) for d in xs}
+    out = {}
+    try:
+        for mode in TRAIN_MODES:
+            def run(side):
+                dev = "cuda" if side in BASELINES else "flagos"
+                if dev == "flagos":
+                    use_routing(side)
+                with no_gc():
+                    wl.synchronize(dev)
+                    t0 = time.perf_counter()
+                    with torch.autocast(dev, dtype=torch.bfloat16, enabled=(mode != "fp32")):
+                        loss = models[dev](input_ids=xs[dev], labels=xs[dev], use_cache=False).loss
+                    wl.synchronize(dev)
+                    return loss.item(), time.perf_counter() - t0
+
+            times, losses = interleaved(argparse.Namespace(warmup=a.warmup, rounds=a.forward_rounds),
+                                        sides, run)
+            row = {}
+            for side in sides:
+                ratios = [ts / tc for ts, tc in zip(times[side], times["cuda"])]
+                row[side] = {"forward_ms": statistics.median(times[side]) * 1e3,
+                             "ratio": statistics.median(ratios), "per_round": ratios,
+                             "loss_equal_cuda": losses[side] == losses["cuda"]}
+            out[mode] = row
+    finally:
+        use_routing("flagos")
+    return out
+
+
 # ---- training: flagos routings against each other, one process, interleaved ------------
 
 def training_routings(a) -> dict:
@@ -314,7 +371,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-rounds", type=int, default=2)
     p.add_argument("--routing-steps", type=int, default=30,
                    help="interleaved steps per side of the in-process routing comparison")
-    p.add_argument("--skip", choices=("inference", "training", "routings"), action="append",
+    p.add_argument("--forward-rounds", type=int, default=12,
+                   help="interleaved rounds of the one-process training-forward comparison")
+    p.add_argument("--skip", choices=("inference", "training", "forward", "routings"),
+                   action="append",
                    default=[])
     p.add_argument("--json")
 
@@ -378,6 +438,17 @@ def main(argv=None) -> int:
             for c, r in row.items():
                 print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
                       f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
+    if "forward" not in a.skip:
+        res["training_forward"] = training_forward(a)
+        save()
+        for mode, row in res["training_forward"].items():
+            print(f"training forward (loss, autograd recording), {mode}, B={a.train_batch} "
+                  f"L={a.train_len}, one process, {a.forward_rounds} rounds (x cuda: time ratio, "
+                  "lower is better)")
+            for c, r in row.items():
+                print(f"  {c:<16} {r['forward_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  loss equal: "
+                      f"{r['loss_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     if "routings" not in a.skip:
         res["training_routings"] = training_routings(a)
