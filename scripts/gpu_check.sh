@@ -16,7 +16,8 @@
 # verification and report tests, then bench/tuned_qwen3.py's inference half (tune, then
 # tokens/s of tuned vs default vs all-cuda); tunetrain its training half (each fits the
 # 10-minute limit of one device call). models runs the model-level benchmarks in
-# bounded time (QWEN3_S, GRAPHS_S seconds): bench/qwen3.py (generate and training,
+# bounded time (QWEN3_S, GRAPHS_S seconds): bench/qwen3.py (generate, training and the
+# one-process training forward,
 # flagos all-cuda and default against cuda) and bench/decode_graphs.py. The setup (carried
 # wheels of .whl/, env.txt, build) is scripts/gpu_setup.sh.
 set -uo pipefail
@@ -79,7 +80,7 @@ if [ "$what" = tunetrain ]; then
 fi
 if [ "$what" = models ]; then
   timeout "${QWEN3_S:-300}" python3 bench/qwen3.py --configs "flagos all-cuda" flagos --rounds 3 \
-    --train-rounds 1 --steps 4 --warmup 1 --json "$OUT/qwen3.json" 2>&1 | tee "$OUT/qwen3.log"
+    --train-rounds 1 --steps 4 --forward-rounds 6 --warmup 1 --json "$OUT/qwen3.json" 2>&1 | tee "$OUT/qwen3.log"
   timeout "${GRAPHS_S:-200}" python3 bench/decode_graphs.py --rounds 5 --json "$OUT/decode_graphs.json" \
     2>&1 | tee "$OUT/decode_graphs.log"
 fi
