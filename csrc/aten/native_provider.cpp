@@ -133,7 +133,11 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack) {
   with_native_views(op, plan, stack, /*python_kernel=*/false, [&] {
     try {
-      op.redispatchBoxed(NativeCall::native_keys(), stack);
+      if (plan.host_kernel != nullptr && NativeViews::native_type() == c10::DeviceType::CPU) {
+        plan.host_kernel(op, stack);
+      } else {
+        op.redispatchBoxed(NativeCall::native_keys(), stack);
+      }
     } catch (c10::NotImplementedError& e) {
       TORCH_CHECK_NOT_IMPLEMENTED(
           false, op.schema().operator_name(), " has no ",

@@ -44,6 +44,7 @@ std::unique_ptr<OpPlan> build_plan(const c10::OperatorHandle& op) {
   if (!opname.overload_name.empty()) plan->name += "." + opname.overload_name;
   plan->num_arguments = static_cast<uint16_t>(schema.arguments().size());
   plan->num_returns = static_cast<uint16_t>(schema.returns().size());
+  plan->host_kernel = host_parity_kernel(op);
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const auto& arg = schema.arguments()[i];
     auto kind = kind_of(arg.type());

@@ -13,6 +13,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "routing/config.h"
+#include "aten/host_parity.h"
 
 namespace torch_fl::aten {
 
@@ -50,6 +51,9 @@ struct OpPlan {
   // (native, cuda, or cpu on the host driver) with no CPU fallback: what an
   // unboxed route (unboxed_route.h) may serve itself.
   std::atomic<bool> native_route{false};
+  // The host driver's own kernel where the CPU's is not it (host_parity.h);
+  // nullptr for almost every operator.
+  HostKernel host_kernel = nullptr;
   std::array<std::atomic<uint64_t>, routing::kNumBackends> calls{};
   std::atomic<uint64_t> fallback_calls{0};
   std::atomic<uint8_t> logged{0};  // bit per backend: dispatch log written
