@@ -510,7 +510,15 @@ FOREIGN_CASES = [
      raises("RuntimeError", "meta"), (UPSTREAM_META,)),
     # sparse
     ("flagos + sparse cpu", f"{F0} + torch.ones(2).to_sparse()", raises(("RuntimeError", "NotImplementedError"), "parse"), ()),
-    ("sparse.to(flagos)", "torch.ones(2).to_sparse().to('flagos')", raises(("RuntimeError", "NotImplementedError"), "parse"), ()),
+    ("sparse.to(flagos)", "torch.ones(2).to_sparse().to('flagos')",
+     raises("NotImplementedError", "sparse COO", "strided", ".to_dense()"), ()),
+    ("sparse_coo_tensor(device=flagos)",
+     "torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device='flagos')",
+     raises("NotImplementedError", "sparse COO", "strided", ".to_dense()"), ()),
+    # nested: made on flagos, refused at the first operator with a way out
+    ("nested(flagos).sin()",
+     "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').sin()",
+     raises("NotImplementedError", "aten::sin", "nested", "strided", ".to_padded_tensor"), ()),
 ]
 
 
