@@ -204,6 +204,12 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     // returned as it is, as the native op would.
     return native;
   }
+  // A flagos TensorImpl cannot carry a quantizer: adopting the memory would
+  // hand back a tensor of a quantized dtype that is not quantized.
+  TORCH_CHECK_NOT_IMPLEMENTED(!native.is_quantized(), "a kernel returned a quantized tensor (",
+                              native.scalar_type(), "), but flagos tensors are not quantized. "
+                              "Keep quantized tensors on the CPU, or dequantize them "
+                              "(.dequantize()) before moving them to flagos.");
   const c10::DataPtr& dp = ns->data_ptr();
   const size_t nbytes = ns->nbytes();
   c10::Storage flagos_storage;

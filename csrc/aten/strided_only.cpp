@@ -1,6 +1,7 @@
-// Flagos tensors are strided. A sparse COO or nested tensor made with a flagos
-// device gets a layout dispatch key of its own (SparsePrivateUse1,
-// NestedTensorPrivateUse1), for which flagos registers no kernels; PyTorch's
+// Flagos tensors are strided, dense and not quantized. A sparse, nested or
+// quantized tensor made with a flagos device gets a dispatch key of its own
+// (SparsePrivateUse1, SparseCsrPrivateUse1, NestedTensorPrivateUse1,
+// QuantizedPrivateUse1), for which flagos registers no kernels; PyTorch's
 // own message for that ("Could not run ... 'Sparseflagos' backend ... omitted
 // during the selective/custom build") points the user at their build. These
 // fallbacks take exactly the calls that would fail that way (a kernel
@@ -14,32 +15,42 @@
 namespace torch_fl::aten {
 namespace {
 
-// The layout a fallback refuses, and how to bring such a tensor to flagos.
-struct Layout {
+// The kind of tensor a fallback refuses, and how to bring one to flagos.
+struct Kind {
   const char* what;
   const char* way_out;
 };
-constexpr Layout kSparseCoo{"sparse COO (torch.sparse_coo) tensors",
-                            "make them dense (.to_dense())"};
-constexpr Layout kNested{"nested tensors (torch.nested)",
-                         "pad them into one tensor (.to_padded_tensor(padding))"};
+constexpr Kind kSparseCoo{"sparse COO (torch.sparse_coo) tensors", "make them dense (.to_dense())"};
+constexpr Kind kSparseCompressed{"sparse compressed (CSR, CSC, BSR, BSC) tensors",
+                                 "make them dense (.to_dense())"};
+constexpr Kind kNested{"nested tensors (torch.nested)",
+                       "pad them into one tensor (.to_padded_tensor(padding))"};
+constexpr Kind kQuantized{"quantized tensors", "dequantize them (.dequantize())"};
 
-template <const Layout& kLayout>
-void not_strided(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(), ": ", kLayout.what,
-                              " on flagos are not supported: flagos tensors are strided "
-                              "(torch.strided) only. Keep them on the CPU, or ",
-                              kLayout.way_out, " before moving them to flagos.");
+template <const Kind& kKind>
+void unsupported_kind(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(), ": ", kKind.what,
+                              " on flagos are not supported: flagos tensors are strided, dense "
+                              "and not quantized. Keep them on the CPU, or ",
+                              kKind.way_out, " before moving them to flagos.");
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&not_strided<kSparseCoo>>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kSparseCoo>>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kSparseCompressed>>());
 }
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&not_strided<kNested>>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kNested>>());
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kQuantized>>());
 }
 
 }  // namespace torch_fl::aten

@@ -515,6 +515,15 @@ FOREIGN_CASES = [
     ("sparse_coo_tensor(device=flagos)",
      "torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device='flagos')",
      raises("NotImplementedError", "sparse COO", "strided", ".to_dense()"), ()),
+    ("sparse csr(flagos).to_dense()", "torch.eye(3).to_sparse_csr().to('flagos').to_dense()",
+     raises("NotImplementedError", "sparse compressed", ".to_dense()"), ()),
+    # quantized: a quantized result is refused, never handed back without its quantizer
+    ("quantize_per_tensor(flagos)",
+     "torch.quantize_per_tensor(torch.ones(2, device='flagos'), 0.1, 0, torch.qint8)",
+     raises("NotImplementedError", "quantized", "QInt8", ".dequantize()"), ()),
+    ("quantized cpu .to(flagos)",
+     "torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8).to('flagos')",
+     raises("NotImplementedError", "quantized", ".dequantize()"), ()),
     # nested: made on flagos, refused at the first operator with a way out
     ("nested(flagos).sin()",
      "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').sin()",
