@@ -5,6 +5,7 @@
 #include <ATen/ops/bincount.h>
 
 #include "aten/native_call.h"
+#include "aten/native_view.h"
 
 namespace torch_fl::aten {
 namespace {
@@ -59,6 +60,8 @@ void histc(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 HostKernel host_parity_kernel(const c10::OperatorHandle& op) {
+  // Plans are built on an operator's first flagos call, after the driver is chosen.
+  if (NativeViews::native_type() != c10::DeviceType::CPU) return nullptr;
   const c10::OperatorName& name = op.schema().operator_name();
   if (name.name == "aten::histc" && (name.overload_name.empty() || name.overload_name == "out")) {
     return &histc;

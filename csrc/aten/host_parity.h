@@ -17,7 +17,8 @@ namespace torch_fl::aten {
 
 using HostKernel = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The host driver's own kernel for `op`, or nullptr when the CPU kernel is it.
+// The host driver's own kernel for `op`, or nullptr when the CPU kernel is it
+// (always on other drivers).
 HostKernel host_parity_kernel(const c10::OperatorHandle& op);
 
 }  // namespace torch_fl::aten

@@ -133,7 +133,7 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack) {
   with_native_views(op, plan, stack, /*python_kernel=*/false, [&] {
     try {
-      if (plan.host_kernel != nullptr && NativeViews::native_type() == c10::DeviceType::CPU) {
+      if (plan.host_kernel != nullptr) {
         plan.host_kernel(op, stack);
       } else {
         op.redispatchBoxed(NativeCall::native_keys(), stack);

@@ -52,7 +52,7 @@ struct OpPlan {
   // unboxed route (unboxed_route.h) may serve itself.
   std::atomic<bool> native_route{false};
   // The host driver's own kernel where the CPU's is not it (host_parity.h);
-  // nullptr for almost every operator.
+  // nullptr for almost every operator, and for all on other drivers.
   HostKernel host_kernel = nullptr;
   std::array<std::atomic<uint64_t>, routing::kNumBackends> calls{};
   std::atomic<uint64_t> fallback_calls{0};
