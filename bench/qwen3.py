@@ -106,20 +106,21 @@ def timed_generate(model, ids, new_tokens):
         return out[:, ids.shape[1]:].cpu(), time.perf_counter() - t0
 
 
-def interleaved(a, sides: list, run) -> tuple:
-    """a.warmup untimed calls of run(side) per side, then a.rounds rounds of one
-    timed call per side, the first side rotating; run returns (tokens, seconds).
-    Returns the seconds per side and round, and each side's last tokens."""
+def interleaved(sides: list, run, warmup: int, rounds: int) -> tuple:
+    """warmup untimed calls of run(side) per side, then rounds rounds of one
+    timed call per side, the first side rotating; run returns (output, seconds)
+    (tokens, a loss). Returns the seconds per side and round, and each side's
+    last output."""
     for side in sides:  # warm-up: compilation, autotuning, caches
-        for _ in range(a.warmup):
+        for _ in range(warmup):
             run(side)
     times = {s: [] for s in sides}
-    tokens = {}
-    for r in range(a.rounds):
+    outputs = {}
+    for r in range(rounds):
         for side in sides[r % len(sides):] + sides[:r % len(sides)]:
-            tokens[side], t = run(side)
+            outputs[side], t = run(side)
             times[side].append(t)
-    return times, tokens
+    return times, outputs
 
 
 def inference(a) -> dict:
@@ -146,7 +147,7 @@ def inference(a) -> dict:
 
     results = {}
     for batch in a.batches:
-        times, tokens = interleaved(a, sides, lambda side: run(side, batch))
+        times, tokens = interleaved(sides, lambda side: run(side, batch), a.warmup, a.rounds)
         row = {}
         for side in sides:
             tok_s = [batch * a.new_tokens / t for t in times[side]]
@@ -291,8 +292,7 @@ def training_forward(a) -> dict:
                     wl.synchronize(dev)
                     return loss.item(), time.perf_counter() - t0
 
-            times, losses = interleaved(argparse.Namespace(warmup=a.warmup, rounds=a.forward_rounds),
-                                        sides, run)
+            times, losses = interleaved(sides, run, a.warmup, a.forward_rounds)
             row = {}
             for side in sides:
                 ratios = [ts / tc for ts, tc in zip(times[side], times["cuda"])]
@@ -429,26 +429,28 @@ def main(argv=None) -> int:
         if res["inference"].get("flaggems_python_ops"):
             print(f"FlagGems through Python (calls): {res['inference']['flaggems_python_ops']}")
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
+    def print_times(title, row, ms_key, equal_key):
+        """One mode's rows of a time-ratio table against cuda."""
+        print(f"{title} (x cuda: time ratio, lower is better)")
+        label = equal_key.removesuffix("_cuda").replace("_", " ")  # "losses equal"
+        for c, r in row.items():
+            print(f"  {c:<16} {r[ms_key]:>9.1f} ms  x cuda {r['ratio']:5.3f}  {label}: "
+                  f"{r[equal_key]}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+
     if "training" not in a.skip:
         res["training"] = training(a)
         save()
         for mode, row in res["training"].items():
-            print(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, {a.train_rounds} "
-                  f"rounds (x cuda: step time ratio, lower is better)")
-            for c, r in row.items():
-                print(f"  {c:<16} {r['step_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  losses equal: "
-                      f"{r['losses_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+            print_times(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
+                        f"{a.train_rounds} rounds", row, "step_ms", "losses_equal_cuda")
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     if "forward" not in a.skip:
         res["training_forward"] = training_forward(a)
         save()
         for mode, row in res["training_forward"].items():
-            print(f"training forward (loss, autograd recording), {mode}, B={a.train_batch} "
-                  f"L={a.train_len}, one process, {a.forward_rounds} rounds (x cuda: time ratio, "
-                  "lower is better)")
-            for c, r in row.items():
-                print(f"  {c:<16} {r['forward_ms']:>9.1f} ms  x cuda {r['ratio']:5.3f}  loss equal: "
-                      f"{r['loss_equal_cuda']}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
+            print_times(f"training forward (loss, autograd recording), {mode}, B={a.train_batch} "
+                        f"L={a.train_len}, one process, {a.forward_rounds} rounds", row,
+                        "forward_ms", "loss_equal_cuda")
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     if "routings" not in a.skip:
         res["training_routings"] = training_routings(a)

@@ -131,7 +131,8 @@ def inference(a, tuned_conf: str) -> dict:
 
     results = {}
     for batch in a.batches:
-        times, tokens = q.interleaved(a, list(sides), lambda side: run(side, batch))
+        times, tokens = q.interleaved(list(sides), lambda side: run(side, batch), a.warmup,
+                                      a.rounds)
         row = {}
         for side in sides:
             row[side] = {"tok_s": statistics.median(batch * a.new_tokens / t for t in times[side]),
