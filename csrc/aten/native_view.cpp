@@ -42,46 +42,58 @@ void release_storage_ref(void* ctx) {
 // The calling thread's recent native views, so that a tensor used again (a
 // weight, the result of the previous operator) does not get a new TensorImpl
 // per call: building one is the largest remaining cost of a small operator.
-// Direct-mapped by the flagos TensorImpl's address. An entry is used only if
-// it still describes the flagos tensor exactly: the same twin storage (a twin
-// is never shared by two live flagos storages, and the entry keeps it alive,
-// so its address cannot be reused), dtype, sizes, strides, offset and
-// conj/neg bits. A stale entry is therefore harmless; it holds one small
-// TensorImpl and a twin that owns no memory.
+// Set-associative by the flagos TensorImpl's address, two ways a set, the
+// less recently used way replaced: direct-mapped, one fresh result whose
+// address shares a slot with a weight's would evict the weight on every
+// other call. An entry is used only if it still describes the flagos tensor
+// exactly: the same twin storage (a twin is never shared by two live flagos
+// storages, and the entry keeps it alive, so its address cannot be reused),
+// dtype, sizes, strides, offset and conj/neg bits. A stale entry is therefore
+// harmless; it holds one small TensorImpl and a twin that owns no memory.
 class ViewCache {
  public:
-  const at::Tensor* find(const c10::TensorImpl* flagos, const c10::StorageImpl* twin) const {
-    const Entry& e = entries_[slot(flagos)];
-    if (e.flagos != flagos || !e.native.defined()) return nullptr;
-    const c10::TensorImpl* n = e.native.unsafeGetTensorImpl();
+  const at::Tensor* find(const c10::TensorImpl* flagos, const c10::StorageImpl* twin) {
+    Set& set = sets_[set_of(flagos)];
+    const int way = set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : -1;
+    if (way < 0) return nullptr;
+    const at::Tensor& native = set.way[way].native;
+    if (!native.defined()) return nullptr;
+    const c10::TensorImpl* n = native.unsafeGetTensorImpl();
     if (n->unsafe_storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
         n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
         n->is_neg() != flagos->is_neg() || n->sizes() != flagos->sizes() ||
         n->strides() != flagos->strides()) {
       return nullptr;
     }
-    return &e.native;
+    set.victim = static_cast<uint8_t>(1 - way);
+    return &native;
   }
 
   void put(const c10::TensorImpl* flagos, const at::Tensor& native) {
-    Entry& e = entries_[slot(flagos)];
-    e.flagos = flagos;
-    e.native = native;
+    Set& set = sets_[set_of(flagos)];
+    const int way = set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : set.victim;
+    set.way[way].flagos = flagos;
+    set.way[way].native = native;
+    set.victim = static_cast<uint8_t>(1 - way);
   }
 
  private:
   // Enough for an optimizer's `_foreach_*` lists over every parameter (a few
-  // thousand tensors) to stay cached between steps: 64 KiB a thread.
-  static constexpr int kSlotBits = 12;
-  static constexpr size_t kSlots = size_t{1} << kSlotBits;
-  static size_t slot(const void* p) {  // Fibonacci hashing of the address
-    return (reinterpret_cast<uintptr_t>(p) * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits);
+  // thousand tensors) to stay cached between steps: 80 KiB a thread.
+  static constexpr int kSetBits = 11;
+  static constexpr size_t kSets = size_t{1} << kSetBits;
+  static size_t set_of(const void* p) {  // Fibonacci hashing of the address
+    return (reinterpret_cast<uintptr_t>(p) * 0x9E3779B97F4A7C15ull) >> (64 - kSetBits);
   }
   struct Entry {
     const c10::TensorImpl* flagos = nullptr;
     at::Tensor native;
   };
-  std::array<Entry, kSlots> entries_;
+  struct Set {
+    Entry way[2];
+    uint8_t victim = 0;  // the way put() replaces next
+  };
+  std::array<Set, kSets> sets_;
 };
 
 namespace {
@@ -125,57 +137,61 @@ at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {
 
 at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (!flagos.defined()) return flagos;
-  c10::StorageImpl* fs = flagos.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  StoragePair* pair = storage_of_flagos_.find(storages_, fs, storage_by_flagos);
-  if (pair == nullptr) {
-    // The storage's twin when it has a valid one (every storage flagos made),
-    // else a native storage for this call alone.
-    if (c10::StorageImpl* twin = FlagosStorage::twin_of(fs)) {
-      storages_.push_back({fs, twin, {}, fs->data_ptr().get()});
-    } else {
-      c10::Storage owned(runtime::make_native_twin(*fs));
-      c10::StorageImpl* raw = owned.unsafeGetStorageImpl();
-      storages_.push_back({fs, raw, std::move(owned), fs->data_ptr().get()});
+  c10::TensorImpl* impl = flagos.unsafeGetTensorImpl();
+  c10::StorageImpl* fs = impl->unsafe_storage().unsafeGetStorageImpl();
+  // The storage's twin when it has a valid one (every storage flagos made):
+  // nothing to record per storage, since every view of the storage shares the
+  // twin. Views of twins outlive the call in the thread's cache, keyed by the
+  // flagos tensor.
+  c10::StorageImpl* ns = FlagosStorage::twin_of(fs);
+  const bool twin = ns != nullptr;
+  if (twin) {
+    if (cache_ != nullptr) {
+      if (const at::Tensor* cached = cache_->find(impl, ns)) {
+        tensors_.push_back({*cached, impl, fs, ns});
+        return *cached;
+      }
     }
-    storage_of_flagos_.added(storages_, storage_by_flagos);
-    storage_of_native_.added(storages_, storage_by_native);
-    pair = &storages_.back();
-  }
-  // Views of twins outlive the call in the thread's cache, keyed by the flagos
-  // tensor; a storage made for this call alone is not cached.
-  const bool cacheable = cache_ != nullptr && !pair->owned;
-  if (cacheable) {
-    if (const at::Tensor* cached = cache_->find(flagos.unsafeGetTensorImpl(), pair->native)) {
-      tensors_.push_back({*cached, flagos.unsafeGetTensorImpl()});
-      tensor_of_native_.added(tensors_, tensor_by_native);
-      return *cached;
+  } else {
+    // Else a native storage for this call alone, shared by the call's views of
+    // that storage (so that aliasing between arguments survives), not cached.
+    OwnedStorage* owned = owned_of_flagos_.find(owned_, fs, owned_by_flagos);
+    if (owned == nullptr) {
+      owned_.push_back({fs, c10::Storage(runtime::make_native_twin(*fs))});
+      owned = &owned_.back();
     }
+    ns = owned->native.unsafeGetStorageImpl();
   }
   at::Tensor view = tensor_on(
-      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(pair->native)), native_key(),
-      flagos);
-  tensors_.push_back({view, flagos.unsafeGetTensorImpl()});
-  tensor_of_native_.added(tensors_, tensor_by_native);
-  if (cacheable) cache_->put(flagos.unsafeGetTensorImpl(), view);
+      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns)), native_key(), flagos);
+  tensors_.push_back({view, impl, fs, ns});
+  if (cache_ != nullptr && twin) cache_->put(impl, view);
   return view;
 }
 
 void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
   c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
-  if (StoragePair* p = storage_of_native_.find(storages_, ns, storage_by_native)) {
-    if (ns->data_ptr().get() != p->original_data || ns->nbytes() != fs->nbytes()) {
-      // The kernel grew the storage: its new memory came from the flagos
-      // allocator (capturing scope), so it moves over without a copy, and the
-      // native storage points at it again, owning nothing.
-      const size_t nbytes = ns->nbytes();
-      c10::DataPtr grown = ns->set_data_ptr(
-          c10::DataPtr(p->original_data, ns->data_ptr().device()));
-      TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
-                            "grown storage was not allocated by flagos");
-      grown.unsafe_set_device(flagos->device());
-      runtime::replace_memory(*fs, std::move(grown), nbytes);
-      p->original_data = fs->data_ptr().get();
+  const bool twin = ns == FlagosStorage::attached_twin(fs);
+  // The kernel never sees the flagos storage, so it still holds the memory the
+  // view started with: a view over other memory or of another size had its
+  // storage grown by the kernel (not one it swapped in: that is no storage
+  // of ours).
+  if ((twin || owned_of_native_.find(owned_, ns, owned_by_native) != nullptr) &&
+      (ns->data_ptr().get() != fs->data_ptr().get() || ns->nbytes() != fs->nbytes())) {
+    // The grown memory came from the flagos allocator (capturing scope), so
+    // it moves over without a copy; the native storage points at it again,
+    // owning nothing (a twin is re-pointed by replace_memory).
+    const size_t nbytes = ns->nbytes();
+    const c10::Device native_device = ns->data_ptr().device();
+    c10::DataPtr grown = ns->set_data_ptr(c10::DataPtr(fs->data_ptr().get(), native_device));
+    TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
+                          "grown storage was not allocated by flagos");
+    grown.unsafe_set_device(flagos->device());
+    runtime::replace_memory(*fs, std::move(grown), nbytes);
+    if (!twin) {
+      ns->set_data_ptr_noswap(c10::DataPtr(fs->data_ptr().get(), native_device));
+      ns->set_nbytes(nbytes);
     }
   }
   if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
@@ -188,13 +204,22 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;
-  if (TensorPair* t = tensor_of_native_.find(tensors_, native.unsafeGetTensorImpl(), tensor_by_native)) {
-    return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t->flagos));
-  }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
-  if (StoragePair* p = storage_of_native_.find(storages_, ns, storage_by_native)) {
-    return flagos_tensor_on(
-        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(p->flagos)), native);
+  const c10::DataPtr& dp = ns->data_ptr();
+  // Our views' storages (twins, owned_) never own memory: a result in memory
+  // of the flagos allocator (a fresh one, nearly always) is none of them, and
+  // needs neither lookup.
+  const bool flagos_memory = runtime::FlagosAllocator::owns(dp);
+  if (!flagos_memory) {
+    if (TensorPair* t =
+            tensor_of_native_.find(tensors_, native.unsafeGetTensorImpl(), tensor_by_native)) {
+      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t->flagos));
+    }
+    if (TensorPair* t = tensor_of_native_storage_.find(tensors_, ns, tensor_by_native_storage)) {
+      return flagos_tensor_on(
+          c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t->flagos_storage)),
+          native);
+    }
   }
   if (auto* a = adopted_of_native_.find(adopted_, ns, adopted_by_native)) {
     return flagos_tensor_on(a->second, native);
@@ -210,13 +235,11 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                               native.scalar_type(), "), but flagos tensors are not quantized. "
                               "Keep quantized tensors on the CPU, or dequantize them "
                               "(.dequantize()) before moving them to flagos.");
-  const c10::DataPtr& dp = ns->data_ptr();
   const size_t nbytes = ns->nbytes();
   c10::Storage flagos_storage;
   // Held by this result alone: then nothing else holds its version counter
   // either, so the flagos tensor may share it (ResultTensorImpl).
-  const bool sole_owner =
-      runtime::FlagosAllocator::owns(dp) && native.storage().use_count() == 1;
+  const bool sole_owner = flagos_memory && native.storage().use_count() == 1;
   bool native_is_twin = false;  // the result's storage became the twin
   if (sole_owner) {
     // Flagos memory already (the host driver's capturing scope, or the CUDA
@@ -233,7 +256,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     }
     flagos_storage = c10::Storage(
         runtime::make_flagos_storage(nbytes, std::move(moved), std::move(twin)));
-  } else if (dp.get() == nullptr || runtime::FlagosAllocator::owns(dp)) {
+  } else if (dp.get() == nullptr || flagos_memory) {
     // Flagos memory shared with other native tensors: the flagos storage
     // keeps the native one alive and frees through it.
     c10::raw::intrusive_ptr::incref(ns);
@@ -250,7 +273,6 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     flagos_storage = std::move(fresh);
   }
   adopted_.emplace_back(ns, flagos_storage);
-  adopted_of_native_.added(adopted_, adopted_by_native);
   // A sole owner's flagos tensor takes the kernel's metadata as it is
   // (runtime/result_tensor.h); others are made from its geometry.
   at::Tensor result =

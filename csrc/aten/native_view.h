@@ -48,39 +48,46 @@ class NativeViews {
   void sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view);
 
  private:
-  struct StoragePair {
-    c10::StorageImpl* flagos;
-    c10::StorageImpl* native;  // the twin, kept alive by the flagos storage, or `owned`
-    c10::Storage owned;        // a native storage made for this call alone
-    void* original_data;
-  };
   struct TensorPair {
     // Owned for the call: results are matched to views by TensorImpl address,
     // which a view freed mid-call (a temporary argument) would hand on to a
     // new result.
     at::Tensor native;
     c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
+    c10::StorageImpl* flagos_storage;
+    c10::StorageImpl* native_storage;  // the flagos storage's twin, or owned_'s
+  };
+  // A native storage made for this call alone: the flagos storage has no
+  // valid twin (memory replaced behind its back, a storage PyTorch made).
+  struct OwnedStorage {
+    c10::StorageImpl* flagos;
+    c10::Storage native;
   };
   using Adopted = std::pair<c10::StorageImpl*, c10::Storage>;  // (native, flagos)
   // The keys the lists are indexed by.
-  static constexpr auto storage_by_flagos = [](const StoragePair& p) -> const void* {
-    return p.flagos;
-  };
-  static constexpr auto storage_by_native = [](const StoragePair& p) -> const void* {
-    return p.native;
-  };
   static constexpr auto tensor_by_native = [](const TensorPair& t) -> const void* {
     return t.native.unsafeGetTensorImpl();
+  };
+  static constexpr auto tensor_by_native_storage = [](const TensorPair& t) -> const void* {
+    return t.native_storage;
+  };
+  static constexpr auto owned_by_flagos = [](const OwnedStorage& o) -> const void* {
+    return o.flagos;
+  };
+  static constexpr auto owned_by_native = [](const OwnedStorage& o) -> const void* {
+    return o.native.unsafeGetStorageImpl();
   };
   static constexpr auto adopted_by_native = [](const Adopted& a) -> const void* {
     return a.first;
   };
 
   ViewCache* cache_;  // the calling thread's, when reusing views; else null
-  c10::SmallVector<StoragePair, 4> storages_;
-  PointerIndex storage_of_flagos_, storage_of_native_;  // in storages_
   c10::SmallVector<TensorPair, 4> tensors_;
-  PointerIndex tensor_of_native_;  // in tensors_, by native TensorImpl
+  // In tensors_: by native TensorImpl, and by native storage (a twin belongs
+  // to one flagos storage, so the first view over it names that storage).
+  PointerIndex tensor_of_native_, tensor_of_native_storage_;
+  c10::SmallVector<OwnedStorage, 1> owned_;
+  PointerIndex owned_of_flagos_, owned_of_native_;  // in owned_
   // Native storages of results already mapped to a flagos storage.
   c10::SmallVector<Adopted, 2> adopted_;
   PointerIndex adopted_of_native_;

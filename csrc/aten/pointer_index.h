@@ -1,12 +1,15 @@
 #pragma once
 
-// Positions in one call's list (NativeViews' storages, views and adopted
+// Positions in one call's list (NativeViews' views, storages and adopted
 // results) by a pointer key. Almost every call has a handful of tensors: a
 // linear scan, no hashing, no allocation. A call over long tensor lists (a
 // `_foreach_*` optimizer step over every parameter, `cat` of hundreds of
 // tensors) would make the scans quadratic, so once a list outgrows the scan
-// the index hashes its keys (open addressing, at most half full). The first
-// entry with a key wins, as in a scan.
+// the index hashes its keys (open addressing, at most half full). Entries are
+// indexed lazily, when a find() needs them: most calls over long lists never
+// look anything up (an in-place foreach op, a result in fresh memory), and
+// then pay nothing for the index. The first entry with a key wins, as in a
+// scan.
 
 #include <cstddef>
 #include <cstdint>
@@ -26,10 +29,12 @@ class PointerIndex {
     if (table_ != nullptr) destroy();
   }
 
-  // The first entry of `list` whose key_of(entry) is `key`, or null.
+  // The first entry of `list` whose key_of(entry) is `key`, or null. `list`
+  // only grows between finds (entries are appended, never removed).
   template <class List, class KeyOf>
-  auto* find(List& list, const void* key, KeyOf key_of) const {
+  auto* find(List& list, const void* key, KeyOf key_of) {
     decltype(&list[0]) found = nullptr;
+    if (list.size() > kScanLimit && list.size() != indexed_) catch_up(list, key_of);
     if (table_ == nullptr) {
       for (auto& entry : list) {
         if (key_of(entry) == key) {
@@ -41,20 +46,6 @@ class PointerIndex {
       found = &list[slot->position];
     }
     return found;
-  }
-
-  // Call after appending an entry to `list`.
-  template <class List, class KeyOf>
-  void added(const List& list, KeyOf key_of) {
-    if (table_ != nullptr) {
-      if (2 * (table_->count + 1) <= table_->mask + 1) {
-        table_->insert(key_of(list.back()), list.size() - 1);
-        return;
-      }
-    } else if (list.size() <= kScanLimit) {
-      return;
-    }
-    rebuild(list, key_of);
   }
 
  private:
@@ -82,6 +73,17 @@ class PointerIndex {
     }
   };
 
+  // Indexes the entries appended since the last find.
+  template <class List, class KeyOf>
+  void catch_up(const List& list, KeyOf key_of) {
+    if (table_ != nullptr && 2 * list.size() <= table_->mask + 1) {
+      for (size_t i = indexed_; i < list.size(); ++i) table_->insert(key_of(list[i]), i);
+    } else {
+      rebuild(list, key_of);
+    }
+    indexed_ = list.size();
+  }
+
   template <class List, class KeyOf>
   void rebuild(const List& list, KeyOf key_of) {
     size_t capacity = 4 * kScanLimit;
@@ -98,6 +100,7 @@ class PointerIndex {
   void destroy() noexcept { ::operator delete(table_); }
 
   Table* table_ = nullptr;  // null while scanning
+  size_t indexed_ = 0;      // entries of the list in table_
 };
 
 }  // namespace torch_fl::aten

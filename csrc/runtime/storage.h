@@ -51,6 +51,13 @@ class FlagosStorage final : public c10::StorageImpl {
     return twin;
   }
 
+  // The twin whether or not it is valid; nullptr when `storage` is not a
+  // FlagosStorage (or has none).
+  static c10::StorageImpl* attached_twin(c10::StorageImpl* storage) noexcept {
+    if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
+    return static_cast<FlagosStorage*>(storage)->twin_.get();
+  }
+
   // Replaces the memory (and size) of the storage and re-points the twin.
   void set_memory(c10::DataPtr data_ptr, size_t nbytes);
 
