@@ -9,7 +9,10 @@
 // a cuda tensor is therefore CUDA's own device-to-device (or peer) copy.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/copy_ops.h>
+#include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
 #include "aten/native_call.h"
@@ -70,9 +73,44 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, /*non_blocking=*/false);
 }
 
+// `.to(dtype)`, `.to(memory_format=...)`, `.clone()`-like conversions and
+// autocast's casts: a flagos tensor converted to a flagos tensor on its own
+// device. PyTorch's composite kernel would make an empty flagos tensor and
+// copy into it through copy_ and _copy_from (three dispatches, a native view
+// of the new tensor); the native device's own _to_copy on the native view
+// runs the same copy kernel, and its result is adopted as it comes. Every
+// other conversion (to another device or layout, pinned) keeps the composite.
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                   std::optional<at::Layout> layout, std::optional<at::Device> device,
+                   std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<at::MemoryFormat> memory_format) {
+  // (The kernel is also reached for a cuda `self` converted to flagos: a
+  // cross-device copy, which the composite hands to _copy_from.)
+  const bool same_device =
+      is_flagos(self) &&
+      (!device.has_value() || (device->type() == kFlagos && device->has_index() &&
+                               device->index() == self.device().index()));
+  if (!same_device || self.layout() != at::kStrided || layout.value_or(at::kStrided) != at::kStrided ||
+      pin_memory.value_or(false)) {
+    return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory,
+                                                   non_blocking, memory_format);
+  }
+  static const c10::OperatorHandle& op = *new c10::OperatorHandle(
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", ""));
+  NativeCall call(op);
+  at::Tensor native = call.arg(self);
+  call.finish_arguments();
+  at::Tensor r = call.run([&] {
+    return at::_ops::_to_copy::redispatch(NativeCall::native_keys(), native, dtype, layout,
+                                          std::nullopt, std::nullopt, non_blocking, memory_format);
+  });
+  return call.result(r);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_to_copy", TORCH_FN(to_copy));
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
 }

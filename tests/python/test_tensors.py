@@ -165,6 +165,50 @@ def test_dtype_converting_copies(src_dtype, dst_dtype):
     assert_same(dst, expected)
 
 
+def test_conversions_of_flagos_tensors_match_cpu_layouts():
+    # flagos -> flagos conversions run the native device's _to_copy on the
+    # native view (aten/copy.cpp); others keep PyTorch's composite. Both must
+    # give CPU's values, strides (memory_format=preserve keeps a dense
+    # permutation, makes a non-dense view contiguous) and fresh memory.
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(4, 6, 5, generator=g) * 8
+    sources = {
+        "contiguous": lambda t: t,
+        "transposed": lambda t: t.transpose(0, 2),
+        "sliced": lambda t: t[:, ::2, 1:],
+        "expanded": lambda t: t[:1].expand(3, 6, 5),
+    }
+    conversions = {
+        "to(float64)": lambda t: t.to(torch.float64),
+        "to(bfloat16)": lambda t: t.to(torch.bfloat16),
+        "to(int32)": lambda t: t.to(torch.int32),
+        "to(copy=True)": lambda t: t.to(t.dtype, copy=True),
+        "to(contiguous_format)": lambda t: t.to(torch.float16, memory_format=torch.contiguous_format),
+        "to(flagos:0, float64)": lambda t: t.to(DEV, torch.float64) if t.is_flagos else t.double(),
+        "to(flagos:1, float16)": lambda t: t.to(DEV1, torch.float16) if t.is_flagos else t.half(),
+        "half()": lambda t: t.half(),
+    }
+    src_flagos = base.to(DEV)
+    for sname, view in sources.items():
+        for cname, convert in conversions.items():
+            want = convert(view(base))
+            src = view(src_flagos)
+            got = convert(src)
+            assert got.device.type == "flagos", (sname, cname)
+            assert got.stride() == want.stride(), (sname, cname, got.stride(), want.stride())
+            assert_same(got, want)
+            assert not same_memory(got, src), (sname, cname)
+    # The conversion is a copy: writing the source afterwards leaves it alone.
+    src = base.to(DEV)
+    converted = src.to(torch.float64)
+    src.add_(1)
+    assert_same(converted, base.double())
+    # And it is differentiable as on the CPU.
+    x = base.to(DEV).requires_grad_()
+    (x.to(torch.float64) * 2).sum().backward()
+    assert_same(x.grad, torch.full_like(base, 2.0))
+
+
 def test_non_contiguous_source_copies():
     base = torch.randn(6, 8)
     f = base.to("flagos")
