@@ -84,14 +84,14 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
                    std::optional<at::Layout> layout, std::optional<at::Device> device,
                    std::optional<bool> pin_memory, bool non_blocking,
                    std::optional<at::MemoryFormat> memory_format) {
-  // (The kernel is also reached for a cuda `self` converted to flagos: a
-  // cross-device copy, which the composite hands to _copy_from.)
+  // A cpu or cuda `self` converted to flagos is dispatched here too (the
+  // target device counts): a copy across devices, which the composite hands
+  // to _copy_from.
   const bool same_device =
       is_flagos(self) &&
       (!device.has_value() || (device->type() == kFlagos && device->has_index() &&
                                device->index() == self.device().index()));
-  if (!same_device || self.layout() != at::kStrided || layout.value_or(at::kStrided) != at::kStrided ||
-      pin_memory.value_or(false)) {
+  if (!same_device || layout.value_or(at::kStrided) != at::kStrided || pin_memory.value_or(false)) {
     return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory,
                                                    non_blocking, memory_format);
   }

@@ -56,8 +56,7 @@ class ViewCache {
     Set& set = sets_[set_of(flagos)];
     const int way = set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : -1;
     if (way < 0) return nullptr;
-    const at::Tensor& native = set.way[way].native;
-    if (!native.defined()) return nullptr;
+    const at::Tensor& native = set.way[way].native;  // put() never stores an undefined one
     const c10::TensorImpl* n = native.unsafeGetTensorImpl();
     if (n->unsafe_storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
         n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
@@ -148,7 +147,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   if (twin) {
     if (cache_ != nullptr) {
       if (const at::Tensor* cached = cache_->find(impl, ns)) {
-        tensors_.push_back({*cached, impl, fs, ns});
+        tensors_.push_back({*cached, impl, ns});
         return *cached;
       }
     }
@@ -164,7 +163,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   }
   at::Tensor view = tensor_on(
       c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns)), native_key(), flagos);
-  tensors_.push_back({view, impl, fs, ns});
+  tensors_.push_back({view, impl, ns});
   if (cache_ != nullptr && twin) cache_->put(impl, view);
   return view;
 }
@@ -216,9 +215,9 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
       return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t->flagos));
     }
     if (TensorPair* t = tensor_of_native_storage_.find(tensors_, ns, tensor_by_native_storage)) {
-      return flagos_tensor_on(
-          c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t->flagos_storage)),
-          native);
+      return flagos_tensor_on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+                                  t->flagos->unsafe_storage().unsafeGetStorageImpl())),
+                              native);
     }
   }
   if (auto* a = adopted_of_native_.find(adopted_, ns, adopted_by_native)) {

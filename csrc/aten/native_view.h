@@ -54,8 +54,9 @@ class NativeViews {
     // new result.
     at::Tensor native;
     c10::TensorImpl* flagos;  // kept alive by the caller (see to_native)
-    c10::StorageImpl* flagos_storage;
-    c10::StorageImpl* native_storage;  // the flagos storage's twin, or owned_'s
+    // The view's storage as made: the flagos storage's twin, or owned_'s (a
+    // kernel may swap the view's own storage pointer).
+    c10::StorageImpl* native_storage;
   };
   // A native storage made for this call alone: the flagos storage has no
   // valid twin (memory replaced behind its back, a storage PyTorch made).

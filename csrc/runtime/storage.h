@@ -36,12 +36,18 @@ class FlagosStorage final : public c10::StorageImpl {
                 c10::Allocator* allocator, bool resizable,
                 c10::intrusive_ptr<c10::StorageImpl> twin = {});
 
+  // The twin whether or not it is valid; nullptr when `storage` is not a
+  // FlagosStorage (or has none).
+  static c10::StorageImpl* attached_twin(c10::StorageImpl* storage) noexcept {
+    if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
+    return static_cast<FlagosStorage*>(storage)->twin_.get();
+  }
+
   // The twin, or nullptr when `storage` is not a FlagosStorage or its memory
   // changed without set_memory(). Cheap: a type check and two compares (it
   // runs for every tensor argument of every routed call).
   static c10::StorageImpl* twin_of(c10::StorageImpl* storage) noexcept {
-    if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
-    c10::StorageImpl* twin = static_cast<FlagosStorage*>(storage)->twin_.get();
+    c10::StorageImpl* twin = attached_twin(storage);
     // A storage with a twin has a concrete size (symbolic ones get none), so
     // nbytes() is safe; comparing SymInts would go through SymBool.
     if (twin == nullptr || twin->data_ptr().get() != storage->data_ptr().get() ||
@@ -49,13 +55,6 @@ class FlagosStorage final : public c10::StorageImpl {
       return nullptr;
     }
     return twin;
-  }
-
-  // The twin whether or not it is valid; nullptr when `storage` is not a
-  // FlagosStorage (or has none).
-  static c10::StorageImpl* attached_twin(c10::StorageImpl* storage) noexcept {
-    if (typeid(*storage) != typeid(FlagosStorage)) return nullptr;
-    return static_cast<FlagosStorage*>(storage)->twin_.get();
   }
 
   // Replaces the memory (and size) of the storage and re-points the twin.
