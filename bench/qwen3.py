@@ -429,28 +429,27 @@ def main(argv=None) -> int:
         if res["inference"].get("flaggems_python_ops"):
             print(f"FlagGems through Python (calls): {res['inference']['flaggems_python_ops']}")
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
-    def print_times(title, row, ms_key, equal_key):
-        """One mode's rows of a time-ratio table against cuda."""
-        print(f"{title} (x cuda: time ratio, lower is better)")
+    # The parts reported as time ratios against cuda: (--skip name, result key,
+    # part, time key, bit-equality key, title of one mode's table).
+    time_parts = (
+        ("training", "training", training, "step_ms", "losses_equal_cuda",
+         lambda mode: f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
+                      f"{a.train_rounds} rounds"),
+        ("forward", "training_forward", training_forward, "forward_ms", "loss_equal_cuda",
+         lambda mode: f"training forward (loss, autograd recording), {mode}, B={a.train_batch} "
+                      f"L={a.train_len}, one process, {a.forward_rounds} rounds"),
+    )
+    for skip, key, part, ms_key, equal_key, title in time_parts:
+        if skip in a.skip:
+            continue
+        res[key] = part(a)
+        save()
         label = equal_key.removesuffix("_cuda").replace("_", " ")  # "losses equal"
-        for c, r in row.items():
-            print(f"  {c:<16} {r[ms_key]:>9.1f} ms  x cuda {r['ratio']:5.3f}  {label}: "
-                  f"{r[equal_key]}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
-
-    if "training" not in a.skip:
-        res["training"] = training(a)
-        save()
-        for mode, row in res["training"].items():
-            print_times(f"training step, {mode} AdamW, B={a.train_batch} L={a.train_len}, "
-                        f"{a.train_rounds} rounds", row, "step_ms", "losses_equal_cuda")
-        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
-    if "forward" not in a.skip:
-        res["training_forward"] = training_forward(a)
-        save()
-        for mode, row in res["training_forward"].items():
-            print_times(f"training forward (loss, autograd recording), {mode}, B={a.train_batch} "
-                        f"L={a.train_len}, one process, {a.forward_rounds} rounds", row,
-                        "forward_ms", "loss_equal_cuda")
+        for mode, row in res[key].items():
+            print(f"{title(mode)} (x cuda: time ratio, lower is better)")
+            for c, r in row.items():
+                print(f"  {c:<16} {r[ms_key]:>9.1f} ms  x cuda {r['ratio']:5.3f}  {label}: "
+                      f"{r[equal_key]}  per round " + " ".join(f"{x:.3f}" for x in r["per_round"]))
         print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     if "routings" not in a.skip:
         res["training_routings"] = training_routings(a)
