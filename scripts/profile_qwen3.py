@@ -8,6 +8,12 @@ compared, show what flagos adds over native CUDA:
     python scripts/profile_qwen3.py --compare cuda.json fl.json
 
 Each configuration runs in its own process (as bench/qwen3.py's training does).
+Separate processes differ by more than the configurations do, so for generate
+`--interleave` profiles CUDA and all-cuda in one process, alternating rounds,
+and writes both files (`--json` gets a `.cuda` and a `.all-cuda` suffix):
+
+    python scripts/profile_qwen3.py --what generate --batch 8 --interleave --json g8
+    python scripts/profile_qwen3.py --compare g8.cuda g8.all-cuda
 """
 
 import argparse
@@ -66,7 +72,6 @@ def busy_us(intervals):
 
 def profile(a) -> dict:
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     import qwen3_workload as wl
 
@@ -85,29 +90,75 @@ def profile(a) -> dict:
         step()
         wl.synchronize(device)
         prof_wall = time.perf_counter() - t0
-    kernels = collections.defaultdict(lambda: [0, 0.0])
-    ops = collections.defaultdict(lambda: [0, 0.0])
+    return summarize(a, prof.events(), walls, prof_wall)
+
+
+def summarize(a, events, walls, prof_wall, into=None) -> dict:
+    """The kernels, copies and top-level operators of profiled events, added to
+    `into` (a previous summary of the same configuration) when given."""
+    from torch.autograd import DeviceType
+
+    out = into or {"config": a.config, "what": a.what, "batch": a.batch, "size": a.size,
+                   "walls_ms": [], "profiled_wall_ms": 0.0, "device_busy_ms": 0.0,
+                   "kernel_ms": 0.0, "launches": 0, "kernels": {}, "top_ops": {}, "all_ops": {}}
     spans = []
-    for e in prof.events():
+    for e in events:
         # With a PrivateUse1 backend registered, Kineto reports every GPU
         # kernel and copy as that device's, CUDA's own included.
         if e.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1):
-            k = kernels[e.name[:120]]
+            k = out["kernels"].setdefault(e.name[:120], [0, 0.0])
             k[0] += 1
             k[1] += e.time_range.elapsed_us()
+            out["launches"] += 1
+            out["kernel_ms"] += e.time_range.elapsed_us() / 1e3
             spans.append((e.time_range.start, e.time_range.end))
-        elif e.cpu_parent is None and e.name.startswith(("aten::", "autograd::engine", "Optimizer.")):
+            continue
+        if e.name.startswith("aten::"):  # every operator, nested ones too: counts
+            out["all_ops"].setdefault(e.name, [0, 0.0])[0] += 1
+            out["all_ops"][e.name][1] += e.self_cpu_time_total
+        if e.cpu_parent is None and e.name.startswith(("aten::", "autograd::engine", "Optimizer.")):
             # Top-level host work of either thread: forward operators, the
             # backward's nodes (autograd's worker thread), the optimizer step.
-            o = ops[e.name]
+            o = out["top_ops"].setdefault(e.name, [0, 0.0])
             o[0] += 1
             o[1] += e.cpu_time_total
-    return {"config": a.config, "what": a.what, "batch": a.batch, "size": a.size,
-            "wall_ms": statistics.median(walls) * 1e3, "walls_ms": [w * 1e3 for w in walls],
-            "profiled_wall_ms": prof_wall * 1e3, "device_busy_ms": busy_us(spans) / 1e3,
-            "kernel_ms": sum(v[1] for v in kernels.values()) / 1e3,
-            "launches": sum(v[0] for v in kernels.values()),
-            "kernels": {k: v for k, v in kernels.items()}, "top_ops": {k: v for k, v in ops.items()}}
+    out["walls_ms"] += [w * 1e3 for w in walls]
+    out["wall_ms"] = statistics.median(out["walls_ms"])
+    out["profiled_wall_ms"] += prof_wall * 1e3
+    out["device_busy_ms"] += busy_us(spans) / 1e3
+    return out
+
+
+def profile_interleaved(a) -> dict:
+    """generate() on CUDA and on flagos all-cuda in one process: per round, one
+    timed call per side (the first side alternating), then one profiled call per
+    side. Returns {config: summary}, each the sum over the rounds."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    import qwen3_workload as wl
+    import torch_fl
+    from qwen3 import timed_generate
+
+    torch_fl.routing.set_route("*", "cuda")
+    cfg = wl.SIZES[a.size]
+    base = wl.build_model(a.size, torch.bfloat16, "cpu", seed=0)
+    models = {"cuda": base.to("cuda"), "flagos all-cuda": base.to("flagos")}
+    ids = wl.prompt_ids(cfg["vocab_size"], a.batch, 32, seed=a.batch)
+    ids = {c: ids.to("cuda" if c == "cuda" else "flagos") for c in models}
+    for c, m in models.items():
+        m.generation_config.pad_token_id = 0
+        for _ in range(a.warmup):
+            timed_generate(m, ids[c], a.new_tokens)
+    out = {}
+    for r in range(a.steps):
+        order = list(models) if r % 2 == 0 else list(reversed(models))
+        walls = {c: timed_generate(models[c], ids[c], a.new_tokens)[1] for c in order}
+        for c in order:
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                prof_wall = timed_generate(models[c], ids[c], a.new_tokens)[1]
+            a.config = c
+            out[c] = summarize(a, prof.events(), [walls[c]], prof_wall, out.get(c))
+    return out
 
 
 def compare(a_path, b_path, top):
@@ -116,13 +167,14 @@ def compare(a_path, b_path, top):
     for key in ("wall_ms", "profiled_wall_ms", "device_busy_ms", "kernel_ms", "launches"):
         print(f"  {key:18s} {a[key]:12.2f} {b[key]:12.2f}  x{b[key] / max(a[key], 1e-9):.3f}")
     for title, field in (("kernels (count, ms)", "kernels"),
-                         ("top-level operators and backward nodes (count, cpu ms)", "top_ops")):
+                         ("top-level operators and backward nodes (count, cpu ms)", "top_ops"),
+                         ("every operator, nested ones too (count, self cpu ms)", "all_ops")):
         print(f"  {title}: largest differences")
-        names = set(a[field]) | set(b[field])
+        names = set(a.get(field, {})) | set(b.get(field, {}))
         rows = []
         for n in names:
-            ca, ta = a[field].get(n, [0, 0.0])
-            cb, tb = b[field].get(n, [0, 0.0])
+            ca, ta = a.get(field, {}).get(n, [0, 0.0])
+            cb, tb = b.get(field, {}).get(n, [0, 0.0])
             rows.append((tb - ta, n, ca, cb, ta / 1e3, tb / 1e3))
         rows.sort(key=lambda r: -abs(r[0]))
         for d, n, ca, cb, ta, tb in rows[:top]:
@@ -141,9 +193,23 @@ def main() -> int:
     p.add_argument("--json")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"))
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--interleave", action="store_true",
+                   help="generate: CUDA and flagos all-cuda in one process, --steps alternating rounds")
     a = p.parse_args()
     if a.compare:
         compare(*a.compare, a.top)
+        return 0
+    if a.interleave:
+        if a.what != "generate":
+            p.error("--interleave profiles generate only: a training step needs a process per "
+                    "configuration (pytorch#161129)")
+        for c, out in profile_interleaved(a).items():
+            print(f"{c} generate b{a.batch}: wall {out['wall_ms']:.2f} ms (median of "
+                  f"{len(out['walls_ms'])}), device busy {out['device_busy_ms']:.2f} ms, "
+                  f"{out['launches']} launches")
+            if a.json:
+                with open(f"{a.json}.{c.removeprefix('flagos ')}", "w") as f:
+                    json.dump(out, f)
         return 0
     out = profile(a)
     print(f"{a.config} {a.what} b{a.batch}: wall {out['wall_ms']:.2f} ms, device busy "
