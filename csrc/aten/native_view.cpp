@@ -5,6 +5,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <array>
+#include <memory>
 #include <typeinfo>
 
 #include "runtime/allocator.h"
@@ -96,9 +97,26 @@ class ViewCache {
 };
 
 namespace {
+// The cache (80 KiB) lives on the heap, behind a trivially initialised
+// thread-local pointer: the pointer needs no guard when read, and keeps the
+// library's thread-local block small enough for the loader's static TLS space
+// (CMakeLists.txt: TLS descriptors). The owner, touched once per thread,
+// frees the cache, and the views it holds, when the thread ends.
+thread_local ViewCache* t_view_cache = nullptr;
+
+ViewCache* make_thread_view_cache() {
+  struct Owner {
+    std::unique_ptr<ViewCache> cache = std::make_unique<ViewCache>();
+    ~Owner() { t_view_cache = nullptr; }
+  };
+  thread_local Owner owner;
+  t_view_cache = owner.cache.get();
+  return t_view_cache;
+}
+
 ViewCache* thread_view_cache() {
-  thread_local ViewCache cache;
-  return &cache;
+  ViewCache* cache = t_view_cache;
+  return cache != nullptr ? cache : make_thread_view_cache();
 }
 }  // namespace
 

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -30,8 +31,11 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
   return (*table)[device];
 }
 
-// Per-thread current stream id of each device (0: the default stream).
-thread_local std::array<c10::StreamId, kMaxDevices> tls_current{};
+// Per-thread current stream id of each device (0: the default stream). Ids
+// are below kMaxStreams, so 16 bits hold one: the library's thread-locals stay
+// within the loader's static TLS space (CMakeLists.txt, TLS descriptors).
+static_assert(kMaxStreams - 1 <= std::numeric_limits<int16_t>::max());
+thread_local std::array<int16_t, kMaxDevices> tls_current{};
 
 hal::StreamHandle create_handle(c10::DeviceIndex device, c10::StreamId id) {
   if (id == 0) return driver().defaultStream(device);
@@ -98,7 +102,7 @@ c10::Stream exchange_stream(c10::Stream stream) {
   auto device = resolve_device(stream.device_index());
   stream_handle(stream);  // validates the id
   auto prev = make_stream(device, tls_current[device]);
-  tls_current[device] = stream.id();
+  tls_current[device] = static_cast<int16_t>(stream.id());
   return prev;
 }
 
