@@ -61,8 +61,8 @@ class ViewCache {
     const c10::TensorImpl* n = native.unsafeGetTensorImpl();
     if (n->unsafe_storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
         n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
-        n->is_neg() != flagos->is_neg() || n->sizes() != flagos->sizes() ||
-        n->strides() != flagos->strides()) {
+        n->is_neg() != flagos->is_neg() || !same(n->sizes(), flagos->sizes()) ||
+        !same(n->strides(), flagos->strides())) {
       return nullptr;
     }
     set.victim = static_cast<uint8_t>(1 - way);
@@ -78,6 +78,15 @@ class ViewCache {
   }
 
  private:
+  // IntArrayRef's == calls memcmp: for the few dimensions of a tensor, a loop
+  // is half the instructions.
+  static bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) return false;
+    }
+    return true;
+  }
   // Enough for an optimizer's `_foreach_*` lists over every parameter (a few
   // thousand tensors) to stay cached between steps: 80 KiB a thread.
   static constexpr int kSetBits = 11;
