@@ -262,26 +262,32 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                               "Keep quantized tensors on the CPU, or dequantize them "
                               "(.dequantize()) before moving them to flagos.");
   const size_t nbytes = ns->nbytes();
-  c10::Storage flagos_storage;
   // Held by this result alone: then nothing else holds its version counter
-  // either, so the flagos tensor may share it (ResultTensorImpl).
+  // either, so the flagos tensor may share it (ResultTensorImpl), and no other
+  // result of the call can be on this storage.
   const bool sole_owner = flagos_memory && native.storage().use_count() == 1;
-  bool native_is_twin = false;  // the result's storage became the twin
-  if (sole_owner) {
+  if (sole_owner && runtime::usable_as_twin(*ns)) {
     // Flagos memory already (the host driver's capturing scope, or the CUDA
     // caching allocator), held by this result alone: the allocation itself
     // moves to a flagos storage, so it frees (and record_stream works)
     // exactly as for any flagos tensor; the result's own storage stays
-    // behind as the flagos storage's twin.
+    // behind as the flagos storage's twin. The flagos tensor takes the
+    // kernel's metadata as it is (runtime/result_tensor.h), and the kernel's
+    // own result, over the twin, is a native view of it: the next operator
+    // that takes this result (usually the very next one) uses it.
+    at::Tensor result(c10::make_intrusive<runtime::ResultTensorImpl>(
+        c10::Storage(runtime::make_flagos_storage_over(ns, device)),
+        *native.unsafeGetTensorImpl()));
+    if (cache_ != nullptr) cache_->put(result.unsafeGetTensorImpl(), native);
+    return result;
+  }
+  c10::Storage flagos_storage;
+  if (sole_owner) {
+    // The same for a storage that cannot serve as a twin as it is (not
+    // resizable): the flagos storage gets a twin of its own.
     c10::DataPtr moved = ns->set_data_ptr(c10::DataPtr(nullptr, dp.device()));
     moved.unsafe_set_device(c10::Device(kFlagos, device));
-    c10::intrusive_ptr<c10::StorageImpl> twin;
-    if (runtime::usable_as_twin(*ns)) {
-      twin = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns);
-      native_is_twin = true;
-    }
-    flagos_storage = c10::Storage(
-        runtime::make_flagos_storage(nbytes, std::move(moved), std::move(twin)));
+    flagos_storage = c10::Storage(runtime::make_flagos_storage(nbytes, std::move(moved)));
   } else if (dp.get() == nullptr || flagos_memory) {
     // Flagos memory shared with other native tensors: the flagos storage
     // keeps the native one alive and frees through it.
@@ -298,18 +304,10 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     }
     flagos_storage = std::move(fresh);
   }
-  adopted_.emplace_back(ns, flagos_storage);
-  // A sole owner's flagos tensor takes the kernel's metadata as it is
-  // (runtime/result_tensor.h); others are made from its geometry.
-  at::Tensor result =
-      sole_owner ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
-                       std::move(flagos_storage), *native.unsafeGetTensorImpl()))
-                 : flagos_tensor_on(std::move(flagos_storage), native);
-  // The kernel's own result, over the twin, is a native view of the new
-  // flagos tensor: the next operator that takes this result (usually the
-  // very next one) uses it.
-  if (cache_ != nullptr && native_is_twin) cache_->put(result.unsafeGetTensorImpl(), native);
-  return result;
+  if (!sole_owner) adopted_.emplace_back(ns, flagos_storage);
+  return sole_owner ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
+                          std::move(flagos_storage), *native.unsafeGetTensorImpl()))
+                    : flagos_tensor_on(std::move(flagos_storage), native);
 }
 
 }  // namespace torch_fl::aten

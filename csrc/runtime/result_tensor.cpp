@@ -28,7 +28,17 @@ ResultTensorImpl::ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native
   sizes_and_strides_ = native.*(&ResultTensorImpl::sizes_and_strides_);
   storage_offset_ = native.storage_offset();
   numel_ = native.numel();
-  refresh_contiguous();
+  // The contiguity flags as the kernel's tensor has them, not recomputed:
+  // they are functions of the sizes and strides just copied.
+  const auto contiguous = &ResultTensorImpl::is_contiguous_default;
+  is_contiguous_ = (native.*contiguous)(c10::MemoryFormat::Contiguous);
+  is_channels_last_contiguous_ = (native.*contiguous)(c10::MemoryFormat::ChannelsLast);
+  is_channels_last_3d_contiguous_ = (native.*contiguous)(c10::MemoryFormat::ChannelsLast3d);
+  const auto strides_like = &ResultTensorImpl::is_strides_like_default;
+  is_channels_last_ = (native.*strides_like)(c10::MemoryFormat::ChannelsLast);
+  is_channels_last_3d_ = (native.*strides_like)(c10::MemoryFormat::ChannelsLast3d);
+  is_non_overlapping_and_dense_ =
+      (native.*(&ResultTensorImpl::is_non_overlapping_and_dense_default))();
 }
 
 }  // namespace torch_fl::runtime

@@ -38,18 +38,18 @@ c10::intrusive_ptr<c10::StorageImpl> create_storage(c10::StorageImpl::use_byte_s
 }  // namespace
 
 FlagosStorage::FlagosStorage(use_byte_size_t, c10::SymInt size_bytes, c10::DataPtr data_ptr,
-                             c10::Allocator* allocator, bool resizable,
-                             c10::intrusive_ptr<c10::StorageImpl> twin)
+                             c10::Allocator* allocator, bool resizable)
     : c10::StorageImpl(use_byte_size_t(), std::move(size_bytes), std::move(data_ptr),
-                       allocator, resizable),
-      twin_(std::move(twin)) {
+                       allocator, resizable) {
   if (sym_nbytes().is_heap_allocated()) return;  // symbolic: never viewed natively
-  if (!twin_) {
-    twin_ = make_native_twin(*this);
-  } else {
-    point_twin();
-  }
+  twin_ = make_native_twin(*this);
 }
+
+FlagosStorage::FlagosStorage(TwinPointed, size_t nbytes, c10::DataPtr data_ptr,
+                             c10::intrusive_ptr<c10::StorageImpl> twin)
+    : c10::StorageImpl(use_byte_size_t(), static_cast<int64_t>(nbytes), std::move(data_ptr),
+                       &device_allocator(), /*resizable=*/true),
+      twin_(std::move(twin)) {}
 
 void FlagosStorage::point_twin() {
   twin_->set_data_ptr_noswap(c10::DataPtr(data_ptr().get(), native_device_of(*this)));
@@ -62,12 +62,23 @@ void FlagosStorage::set_memory(c10::DataPtr data_ptr, size_t nbytes) {
   if (twin_) point_twin();
 }
 
-c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(
-    size_t nbytes, c10::DataPtr data_ptr, c10::intrusive_ptr<c10::StorageImpl> twin) {
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(size_t nbytes, c10::DataPtr data_ptr) {
   return c10::make_intrusive<FlagosStorage>(c10::StorageImpl::use_byte_size_t(),
                                             static_cast<int64_t>(nbytes), std::move(data_ptr),
-                                            &device_allocator(), /*resizable=*/true,
-                                            std::move(twin));
+                                            &device_allocator(), /*resizable=*/true);
+}
+
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage_over(c10::StorageImpl* native,
+                                                              c10::DeviceIndex device) {
+  // One swap leaves the native storage pointing at its bytes without owning
+  // them, as a twin does, and hands the owning pointer over.
+  void* data = native->data_ptr().get();
+  const c10::Device native_device = native->data_ptr().device();
+  c10::DataPtr moved = native->set_data_ptr(c10::DataPtr(data, native_device));
+  moved.unsafe_set_device(c10::Device(kFlagos, device));
+  return c10::make_intrusive<FlagosStorage>(
+      FlagosStorage::TwinPointed(), native->nbytes(), std::move(moved),
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(native));
 }
 
 c10::intrusive_ptr<c10::StorageImpl> allocate_flagos_storage(c10::DeviceIndex device,

@@ -30,11 +30,9 @@ namespace torch_fl::runtime {
 
 class FlagosStorage final : public c10::StorageImpl {
  public:
-  // `twin`: an existing native storage over the same bytes to keep as the
-  // twin (a kernel's output storage whose memory moved here); else one is made.
+  // A storage with a twin made for it (none for a symbolic size).
   FlagosStorage(use_byte_size_t, c10::SymInt size_bytes, c10::DataPtr data_ptr,
-                c10::Allocator* allocator, bool resizable,
-                c10::intrusive_ptr<c10::StorageImpl> twin = {});
+                c10::Allocator* allocator, bool resizable);
 
   // The twin whether or not it is valid; nullptr when `storage` is not a
   // FlagosStorage (or has none).
@@ -57,6 +55,13 @@ class FlagosStorage final : public c10::StorageImpl {
     return twin;
   }
 
+  // A storage owning `data_ptr` whose `twin` already points, owning nothing,
+  // at the same bytes: a kernel's result storage that handed its memory over
+  // (make_flagos_storage_over).
+  struct TwinPointed {};
+  FlagosStorage(TwinPointed, size_t nbytes, c10::DataPtr data_ptr,
+                c10::intrusive_ptr<c10::StorageImpl> twin);
+
   // Replaces the memory (and size) of the storage and re-points the twin.
   void set_memory(c10::DataPtr data_ptr, size_t nbytes);
 
@@ -73,9 +78,14 @@ class FlagosStorage final : public c10::StorageImpl {
 
 // A new flagos storage owning `data_ptr` (labelled flagos); allocations and
 // resizes go through the flagos allocator.
-c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(
-    size_t nbytes, c10::DataPtr data_ptr,
-    c10::intrusive_ptr<c10::StorageImpl> twin = {});
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(size_t nbytes, c10::DataPtr data_ptr);
+
+// A new flagos storage taking over the memory of `native`, a storage of the
+// native allocator that a kernel's result holds alone: the memory moves to the
+// flagos storage (labelled flagos `device`), and `native` stays behind as its
+// twin, pointing at the same bytes without owning them.
+c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage_over(c10::StorageImpl* native,
+                                                              c10::DeviceIndex device);
 
 // A flagos storage of `nbytes` fresh bytes on `device`.
 c10::intrusive_ptr<c10::StorageImpl> allocate_flagos_storage(c10::DeviceIndex device,
