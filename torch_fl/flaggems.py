@@ -39,7 +39,7 @@ _HOPPER_FLAT = ("on Hopper FlagGems treats the tensor as a flat contiguous buffe
 # aten name -> why flagos does not take FlagGems' kernel for it.
 EXCLUDED = {
     "_to_copy": "device-core: flagos converts through its own _to_copy and _copy_from",
-    "copy_": "device-core: flagos copies through its own _copy_from",
+    "copy_": "device-core: flagos copies through its own copy_ and _copy_from",
     "zeros": "factory: creates through flagos' empty, then fills (fill_ is routed)",
     "ones": "factory: creates through flagos' empty, then fills (fill_ is routed)",
     "full": "factory: creates through flagos' empty, then fills (fill_ is routed)",

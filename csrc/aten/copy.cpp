@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_to_copy_ops.h>
+#include <ATen/ops/copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/copy_ops.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@
 #include "aten/native_view.h"
 #include "runtime/device.h"
 #include "runtime/native_allocation.h"
+#include "runtime/version.h"
 
 namespace torch_fl::aten {
 namespace {
@@ -68,6 +70,30 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   return dst;
 }
 
+// copy_ with a flagos side: PyTorch's composite copy_ would check the pair,
+// then dispatch _copy_from, which lands in copy_from above; the native copy_
+// it runs makes the same checks on the native views (same data, overlap,
+// dtypes), so the pair goes to copy_from directly. Backward passes copy
+// gradients into slices (slice, select and expand backward) hundreds of times
+// a step. What the composite handles and native views would lose (names, zero
+// tensors, quantized tensors, a third device type such as meta) keeps it.
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  const auto direct = [](const at::Tensor& t) {
+    const c10::DeviceType type = t.device().type();
+#if FLAGOS_TORCH_HAS_NAMED_TENSORS
+    if (t.has_names()) return false;
+#endif
+    return (type == kFlagos || type == c10::DeviceType::CPU ||
+            type == NativeViews::native_type()) &&
+           !t._is_zerotensor() && !t.is_quantized();
+  };
+  if (!self.defined() || !src.defined() || !direct(self) || !direct(src)) {
+    return at::compositeexplicitautograd::copy_(self, src, non_blocking);
+  }
+  copy_from(src, self, non_blocking);
+  return self;
+}
+
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
   return copy_from(self, dst, /*non_blocking=*/false);
@@ -111,6 +137,7 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_to_copy", TORCH_FN(to_copy));
+  m.impl("copy_", TORCH_FN(copy_));
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
 }

@@ -12,3 +12,6 @@
 
 static_assert(FLAGOS_TORCH_AT_LEAST(2, 11),
               "torch_fl needs torch 2.11 or newer");
+
+// Named tensors (Tensor::has_names) were removed in torch 2.13.
+#define FLAGOS_TORCH_HAS_NAMED_TENSORS (!FLAGOS_TORCH_AT_LEAST(2, 13))

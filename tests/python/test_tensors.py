@@ -251,6 +251,75 @@ def test_copy_broadcasts_source():
     assert_same(dst, row.expand(3, 4).contiguous())
 
 
+def _outcome(fn):
+    """('ok', result on the CPU) or (exception type, None)."""
+    try:
+        return "ok", fn().cpu()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e), None
+
+
+@pytest.mark.parametrize("case", ["dtype", "transposed src", "into slice", "self", "alias",
+                                  "internal overlap", "partial overlap", "meta src",
+                                  "cpu dst", "complex conj"])
+def test_copy_matches_cpu_values_and_errors(case):
+    """flagos' own copy_ kernel (and the composite it leaves some pairs to)
+    gives what CPU's copy_ gives, or the same type of error."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 5, generator=g)
+
+    def run(dev):
+        a = x.to(dev)
+        if case == "dtype":
+            return torch.empty(6, 5, dtype=torch.float16, device=dev).copy_(a)
+        if case == "transposed src":
+            return torch.empty(5, 6, dtype=torch.float64, device=dev).copy_(a.t())
+        if case == "into slice":
+            d = torch.zeros(8, 5, device=dev)
+            d[1:7].copy_(a)
+            return d
+        if case == "self":
+            return a.copy_(a)
+        if case == "alias":  # the same memory and geometry through another tensor
+            a.t().t().copy_(a.mul(2))
+            return a.view(30).copy_(a.t().t().view(30))
+        if case == "internal overlap":
+            return torch.zeros(1, device=dev).expand(5).copy_(a[0])
+        if case == "partial overlap":
+            return a[1:].copy_(a[:-1])
+        if case == "meta src":
+            return a.copy_(torch.empty(6, 5, device="meta"))
+        if case == "cpu dst":
+            return torch.empty(5, 6).copy_(a.t())
+        if case == "complex conj":
+            c = torch.complex(a, a.flip(1))
+            return torch.empty_like(c).copy_(c.conj())
+        raise AssertionError(case)
+
+    flagos_kind, flagos_value = _outcome(lambda: run("flagos"))
+    cpu_kind, cpu_value = _outcome(lambda: run("cpu"))
+    assert flagos_kind == cpu_kind
+    if cpu_kind == "ok":
+        assert_same(flagos_value, cpu_value)
+
+
+def test_copy_into_slices_in_backward_matches_cpu():
+    """Slice, select and expand backward copy gradients into slices: the
+    gradients equal CPU's (float64 reference, explicit tolerance)."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(6, generator=g, dtype=torch.float64)
+
+    def grads(dev):
+        xs, ws = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        y = (xs[2:7, 1:] * ws[1:]).sum() + xs[3].pow(2).sum() + ws.expand(4, 6).sum()
+        y.backward()
+        return xs.grad.cpu(), ws.grad.cpu()
+
+    for got, want in zip(grads("flagos"), grads("cpu")):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_non_blocking_copies_are_correct_after_synchronize():
     last = torch.flagos.device_count() - 1  # 1 with two devices
     src = torch.randn(1000, 33)
