@@ -198,27 +198,21 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
 void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {
   c10::StorageImpl* ns = native_view.storage().unsafeGetStorageImpl();
   c10::StorageImpl* fs = flagos->storage().unsafeGetStorageImpl();
-  const bool twin = ns == FlagosStorage::attached_twin(fs);
   // The kernel never sees the flagos storage, so it still holds the memory the
   // view started with: a view over other memory or of another size had its
   // storage grown by the kernel (not one it swapped in: that is no storage
   // of ours).
-  if ((twin || owned_of_native_.find(owned_, ns, owned_by_native) != nullptr) &&
+  if ((ns == FlagosStorage::attached_twin(fs) ||
+       owned_of_native_.find(owned_, ns, owned_by_native) != nullptr) &&
       (ns->data_ptr().get() != fs->data_ptr().get() || ns->nbytes() != fs->nbytes())) {
     // The grown memory came from the flagos allocator (capturing scope), so
-    // it moves over without a copy; the native storage points at it again,
-    // owning nothing (a twin is re-pointed by replace_memory).
+    // it moves over without a copy; the native storage keeps pointing at it,
+    // owning nothing.
     const size_t nbytes = ns->nbytes();
-    const c10::Device native_device = ns->data_ptr().device();
-    c10::DataPtr grown = ns->set_data_ptr(c10::DataPtr(fs->data_ptr().get(), native_device));
+    c10::DataPtr grown = runtime::take_memory(*ns, flagos->device());
     TORCH_INTERNAL_ASSERT(runtime::FlagosAllocator::owns(grown),
                           "grown storage was not allocated by flagos");
-    grown.unsafe_set_device(flagos->device());
     runtime::replace_memory(*fs, std::move(grown), nbytes);
-    if (!twin) {
-      ns->set_data_ptr_noswap(c10::DataPtr(fs->data_ptr().get(), native_device));
-      ns->set_nbytes(nbytes);
-    }
   }
   if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
       flagos->storage_offset() != native_view.storage_offset()) {
@@ -266,29 +260,28 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   // either, so the flagos tensor may share it (ResultTensorImpl), and no other
   // result of the call can be on this storage.
   const bool sole_owner = flagos_memory && native.storage().use_count() == 1;
-  if (sole_owner && runtime::usable_as_twin(*ns)) {
+  if (sole_owner) {
     // Flagos memory already (the host driver's capturing scope, or the CUDA
     // caching allocator), held by this result alone: the allocation itself
     // moves to a flagos storage, so it frees (and record_stream works)
     // exactly as for any flagos tensor; the result's own storage stays
-    // behind as the flagos storage's twin. The flagos tensor takes the
-    // kernel's metadata as it is (runtime/result_tensor.h), and the kernel's
-    // own result, over the twin, is a native view of it: the next operator
-    // that takes this result (usually the very next one) uses it.
+    // behind as the flagos storage's twin when it can serve as one. The
+    // flagos tensor takes the kernel's metadata as it is
+    // (runtime/result_tensor.h), and the kernel's own result, over the twin,
+    // is a native view of it: the next operator that takes this result
+    // (usually the very next one) uses it.
+    const bool native_is_twin = runtime::usable_as_twin(*ns);
+    c10::Storage storage(native_is_twin ? runtime::make_flagos_storage_over(ns, device)
+                                        : runtime::make_flagos_storage(
+                                              nbytes, runtime::take_memory(
+                                                          *ns, c10::Device(kFlagos, device))));
     at::Tensor result(c10::make_intrusive<runtime::ResultTensorImpl>(
-        c10::Storage(runtime::make_flagos_storage_over(ns, device)),
-        *native.unsafeGetTensorImpl()));
-    if (cache_ != nullptr) cache_->put(result.unsafeGetTensorImpl(), native);
+        std::move(storage), *native.unsafeGetTensorImpl()));
+    if (cache_ != nullptr && native_is_twin) cache_->put(result.unsafeGetTensorImpl(), native);
     return result;
   }
   c10::Storage flagos_storage;
-  if (sole_owner) {
-    // The same for a storage that cannot serve as a twin as it is (not
-    // resizable): the flagos storage gets a twin of its own.
-    c10::DataPtr moved = ns->set_data_ptr(c10::DataPtr(nullptr, dp.device()));
-    moved.unsafe_set_device(c10::Device(kFlagos, device));
-    flagos_storage = c10::Storage(runtime::make_flagos_storage(nbytes, std::move(moved)));
-  } else if (dp.get() == nullptr || flagos_memory) {
+  if (dp.get() == nullptr || flagos_memory) {  } else if (dp.get() == nullptr || flagos_memory) {
     // Flagos memory shared with other native tensors: the flagos storage
     // keeps the native one alive and frees through it.
     c10::raw::intrusive_ptr::incref(ns);
@@ -304,10 +297,8 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     }
     flagos_storage = std::move(fresh);
   }
-  if (!sole_owner) adopted_.emplace_back(ns, flagos_storage);
-  return sole_owner ? at::Tensor(c10::make_intrusive<runtime::ResultTensorImpl>(
-                          std::move(flagos_storage), *native.unsafeGetTensorImpl()))
-                    : flagos_tensor_on(std::move(flagos_storage), native);
+  adopted_.emplace_back(ns, flagos_storage);
+  return flagos_tensor_on(std::move(flagos_storage), native);
 }
 
 }  // namespace torch_fl::aten

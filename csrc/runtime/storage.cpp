@@ -68,16 +68,20 @@ c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(size_t nbytes, c10::Dat
                                             &device_allocator(), /*resizable=*/true);
 }
 
+c10::DataPtr take_memory(c10::StorageImpl& storage, c10::Device label) {
+  // One swap: a non-owning pointer over the same bytes goes in.
+  const c10::DataPtr& owned = storage.data_ptr();
+  c10::DataPtr taken = storage.set_data_ptr(c10::DataPtr(owned.get(), owned.device()));
+  taken.unsafe_set_device(label);
+  return taken;
+}
+
 c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage_over(c10::StorageImpl* native,
                                                               c10::DeviceIndex device) {
-  // One swap leaves the native storage pointing at its bytes without owning
-  // them, as a twin does, and hands the owning pointer over.
-  void* data = native->data_ptr().get();
-  const c10::Device native_device = native->data_ptr().device();
-  c10::DataPtr moved = native->set_data_ptr(c10::DataPtr(data, native_device));
-  moved.unsafe_set_device(c10::Device(kFlagos, device));
+  const size_t nbytes = native->nbytes();
+  c10::DataPtr memory = take_memory(*native, c10::Device(kFlagos, device));
   return c10::make_intrusive<FlagosStorage>(
-      FlagosStorage::TwinPointed(), native->nbytes(), std::move(moved),
+      FlagosStorage::TwinPointed(), nbytes, std::move(memory),
       c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(native));
 }
 

@@ -56,9 +56,12 @@ class FlagosStorage final : public c10::StorageImpl {
   }
 
   // A storage owning `data_ptr` whose `twin` already points, owning nothing,
-  // at the same bytes: a kernel's result storage that handed its memory over
-  // (make_flagos_storage_over).
-  struct TwinPointed {};
+  // at the same bytes. Only make_flagos_storage_over can name the key.
+  class TwinPointed {
+    TwinPointed() = default;
+    friend c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage_over(c10::StorageImpl*,
+                                                                          c10::DeviceIndex);
+  };
   FlagosStorage(TwinPointed, size_t nbytes, c10::DataPtr data_ptr,
                 c10::intrusive_ptr<c10::StorageImpl> twin);
 
@@ -80,10 +83,14 @@ class FlagosStorage final : public c10::StorageImpl {
 // resizes go through the flagos allocator.
 c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage(size_t nbytes, c10::DataPtr data_ptr);
 
-// A new flagos storage taking over the memory of `native`, a storage of the
-// native allocator that a kernel's result holds alone: the memory moves to the
-// flagos storage (labelled flagos `device`), and `native` stays behind as its
-// twin, pointing at the same bytes without owning them.
+// Hands over the memory `storage` owns, labelled `label`, and leaves `storage`
+// pointing at the same bytes without owning them, as a twin does.
+c10::DataPtr take_memory(c10::StorageImpl& storage, c10::Device label);
+
+// A new flagos storage taking over the memory of `native`, a storage that a
+// kernel's result holds alone and that can serve as a twin (usable_as_twin):
+// the memory moves to the flagos storage (labelled flagos `device`, see
+// take_memory), and `native` stays behind as its twin.
 c10::intrusive_ptr<c10::StorageImpl> make_flagos_storage_over(c10::StorageImpl* native,
                                                               c10::DeviceIndex device);
 
