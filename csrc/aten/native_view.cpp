@@ -55,7 +55,7 @@ class ViewCache {
  public:
   const at::Tensor* find(const c10::TensorImpl* flagos, const c10::StorageImpl* twin) {
     Set& set = sets_[set_of(flagos)];
-    const int way = set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : -1;
+    const int way = way_of(set, flagos);
     if (way < 0) return nullptr;
     const at::Tensor& native = set.way[way].native;  // put() never stores an undefined one
     const c10::TensorImpl* n = native.unsafeGetTensorImpl();
@@ -71,7 +71,8 @@ class ViewCache {
 
   void put(const c10::TensorImpl* flagos, const at::Tensor& native) {
     Set& set = sets_[set_of(flagos)];
-    const int way = set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : set.victim;
+    const int found = way_of(set, flagos);
+    const int way = found >= 0 ? found : set.victim;
     set.way[way].flagos = flagos;
     set.way[way].native = native;
     set.victim = static_cast<uint8_t>(1 - way);
@@ -102,6 +103,10 @@ class ViewCache {
     Entry way[2];
     uint8_t victim = 0;  // the way put() replaces next
   };
+  // The way holding `flagos`'s entry, or -1.
+  static int way_of(const Set& set, const c10::TensorImpl* flagos) {
+    return set.way[0].flagos == flagos ? 0 : set.way[1].flagos == flagos ? 1 : -1;
+  }
   std::array<Set, kSets> sets_;
 };
 
