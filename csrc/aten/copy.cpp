@@ -29,11 +29,15 @@ using runtime::kFlagos;
 
 bool is_flagos(const at::Tensor& t) { return t.device().type() == kFlagos; }
 
-// The other side of a copy: a CPU tensor, or a tensor of the driver's native
-// device when that is not the CPU (cuda tensors on the cuda driver).
+// The device types flagos copies to and from: flagos, the CPU, and the
+// driver's native device when that is not the CPU (cuda on the cuda driver).
+bool copies_with(c10::DeviceType type) {
+  return type == kFlagos || type == c10::DeviceType::CPU || type == NativeViews::native_type();
+}
+
 void check_other_side(const at::Tensor& t, const char* direction) {
   const c10::DeviceType type = t.device().type();
-  if (type == kFlagos || type == c10::DeviceType::CPU || type == NativeViews::native_type()) return;
+  if (copies_with(type)) return;
   if (type == c10::DeviceType::CUDA) {
     TORCH_CHECK(false, "copy ", direction, " flagos: cannot copy directly between flagos and a ",
                 t.device(), " tensor on the ", runtime::driver().name(),
@@ -46,10 +50,8 @@ void check_other_side(const at::Tensor& t, const char* direction) {
               " (move it to the CPU first)");
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
-                     bool non_blocking) {
-  check_other_side(self, "to");
-  check_other_side(dst, "from");
+// The copy of `self` into `dst`, both on devices flagos copies with.
+void copy_checked(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   runtime::lazy_init();
   const at::Tensor& device_side = is_flagos(dst) ? dst : self;
   const c10::DeviceIndex device = device_side.device().index();
@@ -67,30 +69,33 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     at::_ops::copy_::redispatch(NativeCall::native_keys(), native_dst, native_src,
                                 non_blocking);
   }
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  check_other_side(self, "to");
+  check_other_side(dst, "from");
+  copy_checked(self, dst, non_blocking);
   return dst;
 }
 
 // copy_ with a flagos side: PyTorch's composite copy_ would check the pair,
 // then dispatch _copy_from, which lands in copy_from above; the native copy_
 // it runs makes the same checks on the native views (same data, overlap,
-// dtypes), so the pair goes to copy_from directly. Backward passes copy
+// dtypes), so the pair goes to copy_checked directly. Backward passes copy
 // gradients into slices (slice, select and expand backward) hundreds of times
 // a step. What the composite handles and native views would lose (names, zero
 // tensors, quantized tensors, a third device type such as meta) keeps it.
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   const auto direct = [](const at::Tensor& t) {
-    const c10::DeviceType type = t.device().type();
 #if FLAGOS_TORCH_HAS_NAMED_TENSORS
     if (t.has_names()) return false;
 #endif
-    return (type == kFlagos || type == c10::DeviceType::CPU ||
-            type == NativeViews::native_type()) &&
-           !t._is_zerotensor() && !t.is_quantized();
+    return copies_with(t.device().type()) && !t._is_zerotensor() && !t.is_quantized();
   };
   if (!self.defined() || !src.defined() || !direct(self) || !direct(src)) {
     return at::compositeexplicitautograd::copy_(self, src, non_blocking);
   }
-  copy_from(src, self, non_blocking);
+  copy_checked(src, self, non_blocking);
   return self;
 }
 
