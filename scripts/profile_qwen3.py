@@ -37,7 +37,7 @@ def workload(a):
     bench/qwen3.py times."""
     import torch
     import qwen3_workload as wl
-    from qwen3 import timed_generate, train_step
+    from qwen3 import train_step
 
     device = "cuda" if a.config == "cuda" else "flagos"
     if device == "flagos":
@@ -46,15 +46,24 @@ def workload(a):
         torch_fl.routing.set_route("*", "cuda" if a.config == "flagos all-cuda" else "")
     cfg = wl.SIZES[a.size]
     if a.what == "generate":
-        model = wl.build_model(a.size, torch.bfloat16, device, seed=0)
-        model.generation_config.pad_token_id = 0
-        ids = wl.prompt_ids(cfg["vocab_size"], a.batch, 32, seed=a.batch).to(device)
-
-        return device, lambda: timed_generate(model, ids, a.new_tokens)
+        return device, generate_step(a, device)
     model = wl.build_model(a.size, torch.float32, device, seed=0, train=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     x = wl.train_batches(cfg["vocab_size"], a.batch, 128, seed=0).to(device)[0]
     return device, lambda: train_step(model, opt, x, device, amp=a.what == "train-bf16")
+
+
+def generate_step(a, device):
+    """bench/qwen3.py's generate() on `device`: a callable returning (tokens,
+    seconds)."""
+    import torch
+    import qwen3_workload as wl
+    from qwen3 import timed_generate
+
+    model = wl.build_model(a.size, torch.bfloat16, device, seed=0)
+    model.generation_config.pad_token_id = 0
+    ids = wl.prompt_ids(wl.SIZES[a.size]["vocab_size"], a.batch, 32, seed=a.batch).to(device)
+    return lambda: timed_generate(model, ids, a.new_tokens)
 
 
 def busy_us(intervals):
@@ -90,15 +99,15 @@ def profile(a) -> dict:
         step()
         wl.synchronize(device)
         prof_wall = time.perf_counter() - t0
-    return summarize(a, prof.events(), walls, prof_wall)
+    return summarize(a, a.config, prof.events(), walls, prof_wall)
 
 
-def summarize(a, events, walls, prof_wall, into=None) -> dict:
-    """The kernels, copies and top-level operators of profiled events, added to
-    `into` (a previous summary of the same configuration) when given."""
+def summarize(a, config, events, walls, prof_wall, into=None) -> dict:
+    """The kernels, copies and operators of configuration `config`'s profiled
+    events, added to `into` (a previous summary of it) when given."""
     from torch.autograd import DeviceType
 
-    out = into or {"config": a.config, "what": a.what, "batch": a.batch, "size": a.size,
+    out = into or {"config": config, "what": a.what, "batch": a.batch, "size": a.size,
                    "walls_ms": [], "profiled_wall_ms": 0.0, "device_busy_ms": 0.0,
                    "kernel_ms": 0.0, "launches": 0, "kernels": {}, "top_ops": {}, "all_ops": {}}
     spans = []
@@ -135,29 +144,21 @@ def profile_interleaved(a) -> dict:
     side. Returns {config: summary}, each the sum over the rounds."""
     import torch
     from torch.profiler import ProfilerActivity
-    import qwen3_workload as wl
     import torch_fl
-    from qwen3 import timed_generate
 
     torch_fl.routing.set_route("*", "cuda")
-    cfg = wl.SIZES[a.size]
-    base = wl.build_model(a.size, torch.bfloat16, "cpu", seed=0)
-    models = {"cuda": base.to("cuda"), "flagos all-cuda": base.to("flagos")}
-    ids = wl.prompt_ids(cfg["vocab_size"], a.batch, 32, seed=a.batch)
-    ids = {c: ids.to("cuda" if c == "cuda" else "flagos") for c in models}
-    for c, m in models.items():
-        m.generation_config.pad_token_id = 0
+    steps = {"cuda": generate_step(a, "cuda"), "flagos all-cuda": generate_step(a, "flagos")}
+    for step in steps.values():
         for _ in range(a.warmup):
-            timed_generate(m, ids[c], a.new_tokens)
+            step()
     out = {}
     for r in range(a.steps):
-        order = list(models) if r % 2 == 0 else list(reversed(models))
-        walls = {c: timed_generate(models[c], ids[c], a.new_tokens)[1] for c in order}
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        walls = {c: steps[c]()[1] for c in order}
         for c in order:
             with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                prof_wall = timed_generate(models[c], ids[c], a.new_tokens)[1]
-            a.config = c
-            out[c] = summarize(a, prof.events(), [walls[c]], prof_wall, out.get(c))
+                prof_wall = steps[c]()[1]
+            out[c] = summarize(a, c, prof.events(), [walls[c]], prof_wall, out.get(c))
     return out
 
 
