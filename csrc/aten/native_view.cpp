@@ -286,7 +286,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     return result;
   }
   c10::Storage flagos_storage;
-  if (dp.get() == nullptr || flagos_memory) {  } else if (dp.get() == nullptr || flagos_memory) {
+  if (dp.get() == nullptr || flagos_memory) {
     // Flagos memory shared with other native tensors: the flagos storage
     // keeps the native one alive and frees through it.
     c10::raw::intrusive_ptr::incref(ns);

@@ -799,3 +799,34 @@ def test_channels_last_memory_format():
     assert f.is_contiguous(memory_format=torch.channels_last)
     assert_same(f, src)
     assert_same(f.contiguous(), src)
+
+
+# An operator of the native devices alone whose kernel returns two views of one
+# tensor it made: on flagos it reaches the native kernel through the boxed
+# route, and its results share one fresh storage (held by both, so by no
+# result alone).
+_halves_lib = torch.library.Library("flagos_test_tensors", "DEF")
+_halves_lib.define("halves(Tensor x) -> (Tensor, Tensor)")
+
+
+def _halves_cpu(x):
+    y = x * 2
+    n = x.shape[0] // 2
+    return y[:n], y[n:]
+
+
+_halves_lib.impl("halves", _halves_cpu, "CPU")
+_halves_lib.impl("halves", _halves_cpu, "CUDA")
+
+
+def test_results_sharing_a_fresh_storage_share_one_flagos_storage():
+    x = torch.randn(10, generator=torch.Generator().manual_seed(3))
+    a, b = torch.ops.flagos_test_tensors.halves(x.to("flagos"))
+    ra, rb = _halves_cpu(x)
+    assert_same(a, ra)
+    assert_same(b, rb)
+    assert a.device == DEV and b.device == DEV
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    a.fill_(7)  # one storage: b sees nothing of a's elements, and keeps its values
+    assert_same(b, rb)
+    assert torch.equal(a.cpu(), torch.full((5,), 7.0))
