@@ -77,6 +77,24 @@ DeviceIndex FlagosGuardImpl::deviceCount() const noexcept {
   return device_count();
 }
 
+#if FLAGOS_TORCH_HAS_DEVICE_CAPABILITY
+// The dtypes a flagos tensor can be allocated in and converted between: every
+// dtype but the quantized ones, which flagos tensors never are (a kernel that
+// returns one is refused, aten/native_view.cpp). Not forwarded to CUDA's guard
+// on the cuda driver: CUDA's answer may be "unsupported", and flagos' set is
+// the same on both drivers.
+c10::DeviceCapability FlagosGuardImpl::getDeviceCapability(Device d) const {
+  TORCH_CHECK(d.type() == kFlagos, "getDeviceCapability: expected a flagos device, got ", d);
+  resolve_device(d.has_index() ? d.index() : -1);  // the index must name a device
+  c10::DeviceCapability capability;
+  for (const int quantized : {c10::kIndex_QInt8, c10::kIndex_QUInt8, c10::kIndex_QInt32,
+                               c10::kIndex_QUInt4x2, c10::kIndex_QUInt2x4}) {
+    capability.capability_data.capability_bits &= ~(uint64_t{1} << quantized);
+  }
+  return capability;
+}
+#endif
+
 void FlagosGuardImpl::destroyEvent(void* event, DeviceIndex index) const noexcept {
   try {
     if (auto* f = forward()) return f->destroyEvent(event, index);

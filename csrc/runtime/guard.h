@@ -6,6 +6,8 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "runtime/version.h"
+
 namespace torch_fl::runtime {
 
 struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -21,6 +23,9 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int priority) const override;
   c10::Stream exchangeStream(c10::Stream s) const override;
   c10::DeviceIndex deviceCount() const noexcept override;
+#if FLAGOS_TORCH_HAS_DEVICE_CAPABILITY
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override;
+#endif
 
   void destroyEvent(void* event, c10::DeviceIndex device_index)
       const noexcept override;

@@ -15,3 +15,8 @@ static_assert(FLAGOS_TORCH_AT_LEAST(2, 11),
 
 // Named tensors (Tensor::has_names) were removed in torch 2.13.
 #define FLAGOS_TORCH_HAS_NAMED_TENSORS (!FLAGOS_TORCH_AT_LEAST(2, 13))
+
+// DeviceGuardImplInterface::getDeviceCapability (torch.accelerator.
+// get_device_capability) arrived in torch 2.10; kept behind a macro so that the
+// one place to look stays this header.
+#define FLAGOS_TORCH_HAS_DEVICE_CAPABILITY FLAGOS_TORCH_AT_LEAST(2, 10)

@@ -131,6 +131,33 @@ def test_accelerator_device_index_context():
     assert torch.flagos.current_device() == 0
 
 
+def test_accelerator_device_capability_lists_the_dtypes_flagos_holds():
+    caps = torch.accelerator.get_device_capability("flagos:0")
+    dtypes = caps["supported_dtypes"]
+    assert isinstance(dtypes, set)
+    expected = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+                torch.float8_e4m3fn, torch.float8_e5m2}
+    assert expected <= dtypes, expected - dtypes
+    # flagos tensors are never quantized: those dtypes are not claimed.
+    assert not {torch.qint8, torch.quint8, torch.qint32} & dtypes
+    # Every claimed dtype (among the listed ones) can be allocated and converted to.
+    src = torch.randn(4, device="flagos")
+    for dtype in expected:
+        t = src.to(dtype)
+        assert t.dtype == dtype and t.device.type == "flagos"
+    # The current device by default, and every device alike.
+    assert torch.accelerator.get_device_capability() == caps
+    last = torch.flagos.device_count() - 1
+    assert torch.accelerator.get_device_capability(f"flagos:{last}") == caps
+
+
+def test_accelerator_device_capability_of_a_missing_device_raises():
+    n = torch.flagos.device_count()
+    with pytest.raises(IndexError, match=rf"{n}.*0\.\.{n - 1}"):
+        torch.accelerator.get_device_capability(f"flagos:{n}")
+
+
 def test_accelerator_synchronize_runs():
     last = torch.flagos.device_count() - 1
     x = torch.randn(64, 64, device="flagos")
