@@ -175,6 +175,9 @@ PYBIND11_MODULE(_C, m) {
       return 0;
     });
   });
+  // torch.flagos.init(): the device itself, as torch.cuda.init() initialises
+  // CUDA (and, like it, refuses in a child forked after that).
+  m.def("_lazy_init", [] { guarded([] { runtime::lazy_init(); return 0; }); });
   m.def("_driver_name", [] {
     return guarded([] { return std::string(hal::driver().name()); });
   });

@@ -24,9 +24,9 @@ void on_fork_child() {
 void lazy_init() {
   if (g_initialized.load(std::memory_order_acquire)) {
     TORCH_CHECK(!g_in_bad_fork.load(),
-                "Cannot re-initialize flagos in a forked subprocess: the "
-                "device was initialised in the parent. Use the 'spawn' start "
-                "method (torch.multiprocessing.set_start_method('spawn')).");
+                "Cannot re-initialize flagos in forked subprocess (the parent had "
+                "initialised it). To use flagos with multiprocessing, you must use "
+                "the 'spawn' start method: torch.multiprocessing.set_start_method('spawn').");
     return;
   }
   static std::once_flag once;

@@ -1,8 +1,9 @@
 """flagos and fork(): the CUDA contract.
 
 A child forked after the parent initialised the device must not use it: every
-device call there raises a RuntimeError saying "Cannot re-initialize flagos in
-a forked subprocess" and pointing to the 'spawn' start method. Work that does
+device call there, and torch.flagos.init(), raises a RuntimeError saying "Cannot
+re-initialize flagos in forked subprocess" (CUDA's words) and pointing to the
+'spawn' start method. Work that does
 not touch the device keeps working in forked children (DataLoader workers
 producing CPU batches), and the parent is unaffected.
 """
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 pytestmark = pytest.mark.host_only
 
 CHILD_TIMEOUT_S = 60
-FORK_MESSAGE = "Cannot re-initialize flagos in a forked subprocess"
+FORK_MESSAGE = "Cannot re-initialize flagos in forked subprocess"
 
 
 def run_in_forked_child(fn):
@@ -104,6 +105,7 @@ DEVICE_USES = {
     "memory_allocated": lambda x: torch.flagos.memory_allocated(),
     "mem_get_info": lambda x: torch.flagos.mem_get_info(),
     "module.to": lambda x: torch.nn.Linear(2, 2).to("flagos"),
+    "init": lambda x: torch.flagos.init(),
 }
 
 

@@ -107,8 +107,12 @@ def is_initialized() -> bool:
 
 
 def _lazy_init() -> None:
+    """Initialises the device, as torch.cuda._lazy_init does; raises in a child
+    forked from a process that had initialised it."""
     _C._init()
+    _C._lazy_init()
 
 
 def init() -> None:
+    """Initialises flagos (torch.cuda.init's counterpart)."""
     _lazy_init()
