@@ -52,6 +52,9 @@ class NativeCall {
     return views_.to_native(t);
   }
 
+  // Room for a list argument of `n` tensors, before its elements go to arg().
+  void reserve(size_t n) { views_.reserve(n); }
+
   // A tensor argument the kernel may write or resize (schema `(a!)`).
   at::Tensor written_arg(const at::Tensor& t) {
     at::Tensor native = arg(t);

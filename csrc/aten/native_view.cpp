@@ -26,6 +26,16 @@ void copy_geometry(c10::TensorImpl* dst, const at::Tensor& src) {
   if (src.is_neg()) dst->_set_neg(true);
 }
 
+// IntArrayRef's == calls memcmp: for the few dimensions of a tensor, a loop is
+// half the instructions.
+bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
                      const at::Tensor& like) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
@@ -79,15 +89,6 @@ class ViewCache {
   }
 
  private:
-  // IntArrayRef's == calls memcmp: for the few dimensions of a tensor, a loop
-  // is half the instructions.
-  static bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i] != b[i]) return false;
-    }
-    return true;
-  }
   // Enough for an optimizer's `_foreach_*` lists over every parameter (a few
   // thousand tensors) to stay cached between steps: 80 KiB a thread.
   static constexpr int kSetBits = 11;
@@ -219,7 +220,8 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
                           "grown storage was not allocated by flagos");
     runtime::replace_memory(*fs, std::move(grown), nbytes);
   }
-  if (flagos->sizes() != native_view.sizes() || flagos->strides() != native_view.strides() ||
+  if (!same(flagos->sizes(), native_view.sizes()) ||
+      !same(flagos->strides(), native_view.strides()) ||
       flagos->storage_offset() != native_view.storage_offset()) {
     flagos->set_sizes_and_strides(native_view.sizes(), native_view.strides(),
                                   native_view.storage_offset());

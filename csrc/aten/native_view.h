@@ -32,6 +32,9 @@ class NativeViews {
   static c10::DispatchKey native_key();
   static c10::Device native_device(c10::DeviceIndex index);
 
+  // Room for `n` more views: a list argument's elements, without regrowing.
+  void reserve(size_t n) { tensors_.reserve(tensors_.size() + n); }
+
   // A native view of a flagos tensor (undefined stays undefined). `flagos`
   // must outlive this object: only its address is kept, because copying a
   // tensor that Python owns costs a Python reference count under the GIL.

@@ -71,6 +71,7 @@ struct Arg<const at::ITensorListRef&> {
   c10::SmallVector<at::Tensor, 8> native;
   Arg(NativeCall& call, const at::ITensorListRef& list) {
     native.reserve(list.size());
+    call.reserve(list.size());
     for (const at::Tensor& t : list) native.push_back(call.arg(t));
   }
   at::ITensorListRef get(NativeCall&) { return at::ITensorListRef(at::TensorList(native)); }
@@ -81,6 +82,7 @@ struct Arg<at::TensorList> {
   c10::SmallVector<at::Tensor, 8> native;
   Arg(NativeCall& call, at::TensorList list) {
     native.reserve(list.size());
+    call.reserve(list.size());
     for (const at::Tensor& t : list) native.push_back(call.arg(t));
   }
   at::TensorList get(NativeCall&) { return native; }
@@ -91,6 +93,7 @@ struct Arg<const c10::List<std::optional<at::Tensor>>&> {  // indices: CPU ones 
   c10::List<std::optional<at::Tensor>> native;
   Arg(NativeCall& call, const c10::List<std::optional<at::Tensor>>& list) {
     native.reserve(list.size());
+    call.reserve(list.size());
     for (const std::optional<at::Tensor>& t : list) {
       native.push_back(t.has_value() ? std::optional<at::Tensor>(call.arg(*t, true))
                                      : std::nullopt);
