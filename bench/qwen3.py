@@ -241,6 +241,9 @@ def training(a) -> dict:
         order = configs if r % 2 == 0 else tuple(reversed(configs))
         for c in order:
             runs[c].append(run_train(a, "cuda" if c in BASELINES else c))
+            # Progress as it comes: a run cut short by a time limit still leaves its rounds.
+            print(f"  training round {r + 1}/{a.train_rounds}, {c}: " + ", ".join(
+                f"{m} {runs[c][-1][m]['step_s'] * 1e3:.1f} ms" for m in TRAIN_MODES), flush=True)
     out = {}
     for mode in TRAIN_MODES:
         row = {}
