@@ -40,6 +40,8 @@ routing.reload()
 # torch.compile: registers with Dynamo and Inductor when they are first used.
 _compile.install()
 distributed.register()
+# torch.multiprocessing: a clear error for flagos tensors, not a hung queue.
+flagos._sharing.install()
 
 from . import verify  # noqa: E402
 from . import tuning  # noqa: E402
