@@ -59,6 +59,8 @@ if [ "$what" = suite ]; then
   run_group driver tests/python/test_cuda_driver.py tests/python/test_cuda_copies.py \
     tests/python/test_unboxed_routes.py tests/python/test_coexistence.py tests/python/test_memory.py \
     tests/python/test_tensors.py tests/python/test_fork.py
+  run_group runtime tests/python/test_autograd_amp.py tests/python/test_device.py \
+    tests/python/test_profiler.py tests/python/test_sharing.py
   run_group tuning tests/python/test_tuning.py tests/python/test_verify.py tests/python/test_report.py
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   for f in "$OUT"/suite_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/suite.txt"
