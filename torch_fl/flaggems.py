@@ -23,9 +23,12 @@ Excluded (docs/flaggems.md keeps the reasons):
   keep their autograd formulas that way;
 - ``FLAGOS_FLAGGEMS_UNUSED=op[,op...]`` (aten names, base or overload): the
   user's exclusions, the equivalent of ``enable(unused=...)``;
-- the operators in ``EXCLUDED`` below.
+- the operators in ``EXCLUDED`` below;
+- operators whose FlagGems function cannot take the operator's arguments
+  (``mismatched_ops()`` says why).
 """
 
+import inspect
 import os
 import warnings
 
@@ -70,6 +73,15 @@ EXCLUDED = {
     "native_batch_norm": "wrong save_mean / save_invstd (result[1], result[2])",
     "native_batch_norm_backward": "wrong gradients",
     "native_layer_norm": "returns mean and rstd as [N] where ATen's contract is [*batch, 1, ...]",
+    # Found by Hugging Face models (GPT-2, BERT, OPT, Falcon, ...) against native CUDA.
+    "native_layer_norm_backward": "wrong gradients for inputs of more than two dimensions: "
+                                  "normalizes over everything after the first dimension, "
+                                  "whatever normalized_shape says",
+    "index.Tensor": "negative indices (x[..., [-1]]) are masked out: those elements are left "
+                    "uninitialized instead of read from the end",
+    "index_put": "negative indices are masked out: those writes are dropped",
+    "index_put_": "as index_put",
+    "_index_put_impl_": "as index_put",
     "linalg_vector_norm": "wrong results (1e12 off) on strided inputs (F.normalize samples)",
     "scatter_add_": "wrong results (cummax backward: 40% of the elements)",
     "div.Tensor_mode": "Triton compilation error in bfloat16 and float16 (rounding_mode='trunc')",
@@ -100,6 +112,7 @@ EXCLUDED = {
 
 _registered = []
 _unknown = []  # names in FlagGems' table that this torch has no operator for
+_mismatched = {}  # name -> why FlagGems' function cannot take the operator's arguments
 _cpp_ops = []  # operators the C++ launch path serves
 
 
@@ -121,6 +134,34 @@ def _is_composite_implicit(name: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CompositeImplicitAutograd")
     except RuntimeError:  # no such operator in this torch: _register_python_kernel says so
         return False
+
+
+def _signature_mismatch(name: str, fn) -> str:
+    """Why `fn` cannot be called as the invoker calls kernels of aten operator
+    `name` (every schema argument: positional ones by position, keyword-only
+    ones by name), or "" when it can. FlagGems' table has functions written for
+    a narrower signature than the operator's (`_grouped_mm` without bias and
+    out_dtype): called, they raise TypeError in the middle of a model."""
+    base, _, overload = name.partition(".")
+    try:
+        schema = getattr(getattr(torch.ops.aten, base), overload or "default")._schema
+        sig = inspect.signature(fn)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return ""  # no such operator (reported by _register_python_kernel), or no signature
+    args = schema.arguments
+    try:
+        sig.bind(*[None] * sum(not a.kwarg_only for a in args),
+                 **{a.name: None for a in args if a.kwarg_only})
+    except TypeError as e:
+        return (f"its function {getattr(fn, '__name__', fn)}{sig} cannot take the operator's "
+                f"arguments ({', '.join(a.name for a in args)}): {e}")
+    return ""
+
+
+def mismatched_ops() -> dict:
+    """FlagGems operators not served because their function cannot take the
+    operator's arguments: aten name -> why."""
+    return dict(_mismatched)
 
 
 def _stub_only() -> bool:
@@ -164,6 +205,10 @@ def register() -> list:
         if name in EXCLUDED or base in EXCLUDED or name in unused or base in unused:
             continue
         if _is_composite_implicit(name):
+            continue
+        mismatch = _signature_mismatch(name, fn)
+        if mismatch:
+            _mismatched[name] = mismatch
             continue
         served.append((name, fn))
     registered = []

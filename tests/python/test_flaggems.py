@@ -67,6 +67,46 @@ def test_flaggems_kernels_match_native_cuda(case, dtype):
     torch.testing.assert_close(got.cpu(), ref.cpu(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("shape", [(2, 12, 32), (3, 4, 5, 16)])
+def test_layer_norm_gradients_over_batched_inputs(shape):
+    """FlagGems' native_layer_norm_backward normalizes over everything after the
+    first dimension (excluded): gradients of a 3-d and a 4-d LayerNorm, as
+    every transformer has, against the CPU in float64."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x, w, b, dy = (torch.randn(s, generator=g, dtype=torch.float64)
+                   for s in (shape, shape[-1:], shape[-1:], shape))
+
+    def grads(device, dtype):
+        args = [t.to(device, dtype).requires_grad_() for t in (x, w, b)]
+        F.layer_norm(args[0], shape[-1:], args[1], args[2]).backward(dy.to(device, dtype))
+        return [a.grad.cpu().double() for a in args]
+
+    for got, ref in zip(grads("flagos", torch.float32), grads("cpu", torch.float64)):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_indexing_with_negative_indices():
+    """FlagGems' index and index_put mask negative indices out (excluded):
+    reads from the end and writes to it, against the CPU."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 12, 6, 8, generator=g)
+    cols = torch.tensor([-1, 0, -6, 3])  # dim 2 has 6 entries
+    rows = torch.tensor([-1, 0])  # dim 0 has 2
+    xf = x.to("flagos")
+    torch.testing.assert_close(xf[:, :, cols.to("flagos")].cpu(), x[:, :, cols], rtol=0, atol=0)
+    torch.testing.assert_close(xf[rows.to("flagos")].cpu(), x[rows], rtol=0, atol=0)
+    v = torch.randn(2, 12, 6, 8, generator=g)
+    y, yf = x.clone(), xf.clone()
+    y[rows] = v
+    yf[rows.to("flagos")] = v.to("flagos")
+    torch.testing.assert_close(yf.cpu(), y, rtol=0, atol=0)
+    twice = torch.tensor([-1, 1, 0])  # -1 and 1 are one row: accumulated twice
+    w = torch.randn(3, 12, 6, 8, generator=g)
+    y.index_put_((twice,), w, accumulate=True)
+    yf.index_put_((twice.to("flagos"),), w.to("flagos"), accumulate=True)
+    torch.testing.assert_close(yf.cpu(), y, rtol=1e-6, atol=1e-6)
+
+
 def test_disable_flaggems_py_turns_the_python_provider_off():
     """Stub-only mode (spec): no Python kernel; FlagGems serves only the operators
     launched from C++ (docs/flaggems_cpp.md)."""
