@@ -53,7 +53,8 @@ if [ "$what" = suite ]; then
   pids=()
   start_flaggems_cpp_shards "${SUITE_S:-300}" /tmp/fg-cache suite_flaggems_cpp
   FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
-  run_group flaggems tests/python/test_flaggems.py -m "not slow"
+  run_group flaggems tests/python/test_flaggems.py tests/python/test_flaggems_registration.py -m "not slow"
+  run_group models tests/python/test_hf_models.py
   run_group compile tests/python/test_compile.py
   run_group graphs_sdpa tests/python/test_graphs.py tests/python/test_sdpa.py
   run_group driver tests/python/test_cuda_driver.py tests/python/test_cuda_copies.py \
