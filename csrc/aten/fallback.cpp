@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string_view>
 
+#include <ATen/Context.h>
 #include <torch/library.h>
 
 #include "aten/call_observer.h"
@@ -98,8 +99,12 @@ inline Served run_on(const c10::OperatorHandle& op, const OpPlan& plan, Backend 
 // raise or compute garbage on 0-dim and empty tensors, most have no complex
 // dtypes, and its random kernels draw from the default generator whatever
 // generator the call names (docs/flaggems.md): such a call runs on the
-// native kernels, and counts there.
+// native kernels, and counts there. So does every call while the program asks
+// for deterministic algorithms: FlagGems' kernels promise no determinism
+// (some accumulate with atomics) and none raises PyTorch's alert, whereas the
+// native kernels take their deterministic path or raise it.
 bool declines(const OpPlan& plan, const torch::jit::Stack& stack) {
+  if (at::globalContext().deterministicAlgorithms()) return true;
   const size_t base = stack.size() - plan.num_arguments;
   auto edge = [](const at::Tensor& t) {
     return t.defined() && (t.dim() == 0 || t.numel() == 0 || t.is_complex());

@@ -399,3 +399,28 @@ def test_parser_fuzz_random_bytes_and_mutations():
                 data[min(pos, len(data) - 1)] = rng.randrange(256)
         check_parse(bytes(data))
     print(f"parser fuzz: 6000 inputs, seed {seed}")
+
+
+@pytest.mark.host_only  # replaces the flaggems backend's Python kernels (FlagGems' on the cuda driver)
+def test_deterministic_algorithms_keep_calls_off_flaggems():
+    """torch.use_deterministic_algorithms(True): FlagGems' kernels promise no
+    determinism and raise no alert, so flaggems-routed calls run on the native
+    kernels (which take their deterministic path or raise) and count there."""
+    from conftest import python_kernels
+
+    x = torch.randn(4, 8, device="flagos")
+    marked = lambda t: torch.tanh(t) + 0.25  # noqa: E731  (tells which kernel ran)
+    was = torch.are_deterministic_algorithms_enabled()
+    with python_kernels({"tanh": marked}):
+        try:
+            torch_fl.routing.reset_stats()
+            torch.use_deterministic_algorithms(True)
+            exact = torch.tanh(x)
+            torch.use_deterministic_algorithms(False)
+            flaggems = torch.tanh(x)
+        finally:
+            torch.use_deterministic_algorithms(was)
+        (calls,) = [s.calls for s in torch_fl.routing.stats() if s.op == "aten::tanh"]
+    torch.testing.assert_close(exact.cpu(), torch.tanh(x.cpu()), rtol=0, atol=0)
+    torch.testing.assert_close(flaggems.cpu(), torch.tanh(x.cpu()) + 0.25)
+    assert calls.get("native") == 1 and torch_fl.routing.flaggems_calls(calls) == 1, calls
