@@ -54,7 +54,10 @@ if [ "$what" = suite ]; then
   start_flaggems_cpp_shards "${SUITE_S:-300}" /tmp/fg-cache suite_flaggems_cpp
   FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
   run_group flaggems tests/python/test_flaggems.py tests/python/test_flaggems_registration.py -m "not slow"
-  run_group models tests/python/test_hf_models.py
+  # The Hugging Face architectures in two processes (FlagGems compiles each one's kernels).
+  decoders="gpt2 or llama or mistral or gemma or phi or opt or bloom or gpt_neox or falcon or mixtral or qwen2_moe or mamba"
+  run_group models_decoders tests/python/test_hf_models.py -k "$decoders"
+  run_group models_others tests/python/test_hf_models.py -k "not ($decoders)"
   run_group compile tests/python/test_compile.py
   run_group graphs_sdpa tests/python/test_graphs.py tests/python/test_sdpa.py
   run_group driver tests/python/test_cuda_driver.py tests/python/test_cuda_copies.py \
