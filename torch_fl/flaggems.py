@@ -103,7 +103,6 @@ EXCLUDED = {
     "sqrt_": "as sqrt",
     "index_add_": "wrong results (stft's backward: every element)",
     "logaddexp": "NaN where CUDA gives -inf or a finite value (both inputs -inf)",
-    "multinomial": "its signature has no generator argument (TypeError when called as ATen does)",
     "pow_.Scalar": "less accurate than CUDA in float16 (F.normalize's backward: 8 ulps)",
     "sum.dim_IntList": "less accurate than CUDA in float16: -126.69 for -127.5 (__rpow__'s "
                        "backward), 13 ulps where CUDA's float32 accumulation is exact to rounding",

@@ -18,7 +18,11 @@ def test_a_missing_keyword_only_argument_is_refused():
     def add(self, other):  # add.Tensor has the keyword-only alpha
         return self
 
+    def multinomial(prob, n_samples, with_replacement=False, *, gen=None):  # FlagGems 5.0.2's
+        return prob
+
     assert "alpha" in flaggems._signature_mismatch("add.Tensor", add)
+    assert "generator" in flaggems._signature_mismatch("multinomial", multinomial)
 
 
 def test_matching_and_variadic_functions_are_accepted():
