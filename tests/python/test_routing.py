@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch_fl
-from conftest import run_py, start_py
+from conftest import python_kernels, run_py, start_py
 
 # On the host driver `cpu` and `native` are both available (the same zero-copy
 # CPU kernels); `cuda`, `flaggems`, `metax` and `ascend` are not. Children whose
@@ -406,8 +406,6 @@ def test_deterministic_algorithms_keep_calls_off_flaggems():
     """torch.use_deterministic_algorithms(True): FlagGems' kernels promise no
     determinism and raise no alert, so flaggems-routed calls run on the native
     kernels (which take their deterministic path or raise) and count there."""
-    from conftest import python_kernels
-
     x = torch.randn(4, 8, device="flagos")
     marked = lambda t: torch.tanh(t) + 0.25  # noqa: E731  (tells which kernel ran)
     was = torch.are_deterministic_algorithms_enabled()
