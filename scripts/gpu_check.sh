@@ -18,7 +18,8 @@
 # 10-minute limit of one device call). models runs the model-level benchmarks in
 # bounded time (QWEN3_S, GRAPHS_S seconds): bench/qwen3.py (generate, training and the
 # one-process training forward,
-# flagos all-cuda and default against cuda) and bench/decode_graphs.py. The setup (carried
+# flagos all-cuda and default against cuda), bench/decode_graphs.py and bench/qwen3_modules.py
+# (MODULES_S: a decode step's extra host time, module by module). The setup (carried
 # wheels of .whl/, env.txt, build) is scripts/gpu_setup.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +90,8 @@ if [ "$what" = models ]; then
     --train-rounds 1 --steps 4 --forward-rounds 6 --warmup 1 --json "$OUT/qwen3.json" 2>&1 | tee "$OUT/qwen3.log"
   timeout "${GRAPHS_S:-200}" python3 bench/decode_graphs.py --rounds 5 --json "$OUT/decode_graphs.json" \
     2>&1 | tee "$OUT/decode_graphs.log"
+  timeout "${MODULES_S:-200}" python3 bench/qwen3_modules.py --json "$OUT/qwen3_modules.json" \
+    2>&1 | tee "$OUT/qwen3_modules.log"
 fi
 if [ "$what" = dist ]; then
   # no NVLink multicast on the 2-GPU machines: every process gets these
