@@ -107,6 +107,40 @@ def test_indexing_with_negative_indices():
     torch.testing.assert_close(yf.cpu(), y, rtol=1e-6, atol=1e-6)
 
 
+def test_deterministic_algorithms_run_cuda_kernels():
+    """torch.use_deterministic_algorithms(True): calls FlagGems would serve run
+    CUDA's kernels, so results are CUDA's bits, and an operator CUDA refuses
+    in that mode (index_add_ alerts on CUDA) is refused the same way."""
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(64, 96, generator=g), torch.randn(64, 96, generator=g)
+    idx = torch.randint(0, 64, (40,), generator=g)
+    fns = {"silu": lambda x, y, i: F.silu(x), "softmax": lambda x, y, i: F.softmax(x, -1),
+           "mm": lambda x, y, i: x @ y.T, "add": lambda x, y, i: x + y,
+           "index_add_": lambda x, y, i: x.clone().index_add_(0, i, y[:40])}
+
+    def run(device, name):
+        try:
+            return fns[name](a.to(device), b.to(device), idx.to(device)).cpu()
+        except RuntimeError as e:
+            return e
+
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        for name in fns:
+            torch_fl.routing.reset_stats()
+            got, ref = run("flagos", name), run("cuda", name)
+            served = {s.op: dict(s.calls) for s in torch_fl.routing.stats()}
+            if isinstance(ref, RuntimeError):
+                assert isinstance(got, RuntimeError), (name, got)
+                assert "deterministic" in str(got), got
+            else:
+                torch.testing.assert_close(got, ref, rtol=0, atol=0, msg=name)
+            assert not any(torch_fl.routing.flaggems_calls(c) for c in served.values()), served
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
 def test_disable_flaggems_py_turns_the_python_provider_off():
     """Stub-only mode (spec): no Python kernel; FlagGems serves only the operators
     launched from C++ (docs/flaggems_cpp.md)."""
