@@ -227,6 +227,18 @@ def routes_used(cases):
     return out
 
 
+def no_cuda_driver():
+    """Why the flagos-against-CUDA benchmarks cannot run here, or None."""
+    if not torch.cuda.is_available():
+        return "no GPU (torch.cuda.is_available() is False)"
+    import torch_fl
+
+    if torch_fl.driver() != "cuda":
+        return (f"no GPU driver in torch_fl: its driver is {torch_fl.driver()!r}, not 'cuda' "
+                f"(FLAGOS_ACCELERATOR={os.environ.get('FLAGOS_ACCELERATOR', 'auto')!r})")
+    return None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -235,16 +247,11 @@ def main(argv=None):
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    if not torch.cuda.is_available():
-        print("skipped: no GPU (torch.cuda.is_available() is False)")
+    skip = no_cuda_driver()
+    if skip:
+        print(f"skipped: {skip}")
         return 0
     import torch_fl
-
-    if torch_fl.driver() != "cuda":
-        print(f"skipped: no GPU driver in torch_fl: its driver is {torch_fl.driver()!r}, "
-              "not 'cuda' (FLAGOS_ACCELERATOR="
-              f"{os.environ.get('FLAGOS_ACCELERATOR', 'auto')!r})")
-        return 0
 
     t_start = time.monotonic()
     flagos, order = make_cases("flagos")

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-from cuda_overhead import compare  # noqa: E402
+from cuda_overhead import compare, no_cuda_driver  # noqa: E402
 
 PROMPT = 16
 
@@ -121,14 +121,12 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("skipped: no GPU (torch.cuda.is_available() is False)")
+    skip = no_cuda_driver()
+    if skip:
+        print(f"skipped: {skip}")
         return 0
     import torch_fl
 
-    if torch_fl.driver() != "cuda":
-        print(f"skipped: torch_fl's driver is {torch_fl.driver()!r}, not 'cuda'")
-        return 0
     torch_fl.routing.set_route("*", "cuda")
     rows = []
     for batch in a.batches:
