@@ -40,6 +40,19 @@ python3 -c "import torch, torch_fl; print('driver', torch_fl.driver(), 'devices'
 ALL_CUDA=$OUT/all-cuda.conf
 printf '* = cuda\n' > "$ALL_CUDA"
 
+# Test groups in parallel processes (suite, hf): run_group starts pytest in the background,
+# bounded by $group_s seconds and logged to $OUT/${group}_<name>.log; wait_groups waits for all
+# of them and writes each log's last line to $OUT/$group.txt.
+run_group() {  # name, then pytest arguments
+  local name=$1; shift
+  timeout "$group_s" python3 -m pytest -q -rfs -p no:cacheprovider "$@" > "$OUT/${group}_$name.log" 2>&1 &
+  pids+=($!)
+}
+wait_groups() {
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for f in "$OUT/$group"_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/$group.txt"
+}
+
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   [ $# -eq 0 ] && set -- tests/python
@@ -53,13 +66,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 bench/qwen3.py --json "$OUT/qwen3.json" 2>&1 | tee -a "$OUT/bench.log"
 fi
 if [ "$what" = suite ]; then
-  run_group() {  # name, then pytest arguments; runs in the background
-    local name=$1; shift
-    timeout "${SUITE_S:-300}" python3 -m pytest -q -rfs -p no:cacheprovider "$@" > "$OUT/suite_$name.log" 2>&1 &
-    pids+=($!)
-  }
-  pids=()
-  start_flaggems_cpp_shards "${SUITE_S:-300}" /tmp/fg-cache suite_flaggems_cpp
+  group=suite group_s=${SUITE_S:-300} pids=()
+  start_flaggems_cpp_shards "$group_s" /tmp/fg-cache suite_flaggems_cpp
   FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
   run_group flaggems tests/python/test_flaggems.py tests/python/test_flaggems_registration.py -m "not slow"
   run_group compile tests/python/test_compile.py
@@ -70,8 +78,7 @@ if [ "$what" = suite ]; then
   run_group runtime tests/python/test_autograd_amp.py tests/python/test_device.py \
     tests/python/test_profiler.py tests/python/test_sharing.py
   run_group tuning tests/python/test_tuning.py tests/python/test_verify.py tests/python/test_report.py
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  for f in "$OUT"/suite_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/suite.txt"
+  wait_groups
   FLAGOS_BACKEND_CONFIG=$ALL_CUDA timeout 120 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
     2>&1 | tee "$OUT/cuda_overhead.log"
   timeout 90 python3 bench/flaggems_ops.py --rounds 5 --json "$OUT/flaggems_ops.json" \
@@ -102,15 +109,10 @@ if [ "$what" = hf ]; then
   # alone took 286 s on an idle H100, more than the suite's bound when 16 processes share the
   # CPU, so they run in a call of their own.
   decoders="gpt2 or llama or mistral or gemma or phi or opt or bloom or gpt_neox or falcon or mixtral or qwen2_moe or mamba"
-  pids=()
-  timeout "${HF_S:-450}" python3 -m pytest -q -rfs -p no:cacheprovider tests/python/test_hf_models.py \
-    -k "$decoders" > "$OUT/hf_decoders.log" 2>&1 &
-  pids+=($!)
-  timeout "${HF_S:-450}" python3 -m pytest -q -rfs -p no:cacheprovider tests/python/test_hf_models.py \
-    -k "not ($decoders)" > "$OUT/hf_others.log" 2>&1 &
-  pids+=($!)
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  for f in "$OUT"/hf_*.log; do echo "$(basename "$f" .log): $(tail -1 "$f")"; done | tee "$OUT/hf.txt"
+  group=hf group_s=${HF_S:-450} pids=()
+  run_group decoders tests/python/test_hf_models.py -k "$decoders"
+  run_group others tests/python/test_hf_models.py -k "not ($decoders)"
+  wait_groups
 fi
 if [ "$what" = dist ]; then
   # no NVLink multicast on the 2-GPU machines: every process gets these
