@@ -36,6 +36,17 @@ bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
   return true;
 }
 
+// Whether a kept native view still describes the flagos tensor exactly: over
+// its storage's twin, with its dtype, geometry and conj/neg bits.
+C10_ALWAYS_INLINE bool describes(const at::Tensor& native, const c10::TensorImpl* flagos,
+                                  const c10::StorageImpl* twin) {
+  const c10::TensorImpl* n = native.unsafeGetTensorImpl();
+  return n->unsafe_storage().unsafeGetStorageImpl() == twin && n->dtype() == flagos->dtype() &&
+         n->storage_offset() == flagos->storage_offset() && n->is_conj() == flagos->is_conj() &&
+         n->is_neg() == flagos->is_neg() && same(n->sizes(), flagos->sizes()) &&
+         same(n->strides(), flagos->strides());
+}
+
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
                      const at::Tensor& like) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
@@ -68,13 +79,7 @@ class ViewCache {
     const int way = way_of(set, flagos);
     if (way < 0) return nullptr;
     const at::Tensor& native = set.way[way].native;  // put() never stores an undefined one
-    const c10::TensorImpl* n = native.unsafeGetTensorImpl();
-    if (n->unsafe_storage().unsafeGetStorageImpl() != twin || n->dtype() != flagos->dtype() ||
-        n->storage_offset() != flagos->storage_offset() || n->is_conj() != flagos->is_conj() ||
-        n->is_neg() != flagos->is_neg() || !same(n->sizes(), flagos->sizes()) ||
-        !same(n->strides(), flagos->strides())) {
-      return nullptr;
-    }
+    if (!describes(native, flagos, twin)) return nullptr;
     set.victim = static_cast<uint8_t>(1 - way);
     return &native;
   }
@@ -179,9 +184,13 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
   const bool twin = ns != nullptr;
   if (twin) {
     if (cache_ != nullptr) {
-      if (const at::Tensor* cached = cache_->find(impl, ns)) {
-        tensors_.push_back({*cached, impl, ns});
-        return *cached;
+      // A routed result keeps its own view; other tensors' views are in the
+      // thread's cache.
+      const at::Tensor* kept = runtime::ResultTensorImpl::native_view_of(impl);
+      if (kept == nullptr || !describes(*kept, impl, ns)) kept = cache_->find(impl, ns);
+      if (kept != nullptr) {
+        tensors_.push_back({*kept, impl, ns});
+        return *kept;
       }
     }
   } else {
@@ -194,8 +203,12 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
     }
     ns = owned->native.unsafeGetStorageImpl();
   }
-  at::Tensor view = tensor_on(
-      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns)), native_key(), flagos);
+  c10::Storage storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(ns));
+  at::Tensor view =
+      runtime::CopiedTensorImpl::copyable(*impl)
+          ? at::Tensor(c10::make_intrusive<runtime::NativeViewImpl>(std::move(storage),
+                                                                     native_key(), *impl))
+          : tensor_on(std::move(storage), native_key(), flagos);
   tensors_.push_back({view, impl, ns});
   if (cache_ != nullptr && twin) cache_->put(impl, view);
   return view;
@@ -275,17 +288,17 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     // behind as the flagos storage's twin when it can serve as one. The
     // flagos tensor takes the kernel's metadata as it is
     // (runtime/result_tensor.h), and the kernel's own result, over the twin,
-    // is a native view of it: the next operator that takes this result
-    // (usually the very next one) uses it.
+    // stays with it as its native view: the next operator that takes this
+    // result (usually the very next one) uses it.
     const bool native_is_twin = runtime::usable_as_twin(*ns);
     c10::Storage storage(native_is_twin ? runtime::make_flagos_storage_over(ns, device)
                                         : runtime::make_flagos_storage(
                                               nbytes, runtime::take_memory(
                                                           *ns, c10::Device(kFlagos, device))));
-    at::Tensor result(c10::make_intrusive<runtime::ResultTensorImpl>(
-        std::move(storage), *native.unsafeGetTensorImpl()));
-    if (cache_ != nullptr && native_is_twin) cache_->put(result.unsafeGetTensorImpl(), native);
-    return result;
+    auto result = c10::make_intrusive<runtime::ResultTensorImpl>(std::move(storage),
+                                                                 *native.unsafeGetTensorImpl());
+    if (cache_ != nullptr && native_is_twin) result->keep_native_view(native);
+    return at::Tensor(std::move(result));
   }
   c10::Storage flagos_storage;
   if (dp.get() == nullptr || flagos_memory) {
