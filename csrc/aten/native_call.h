@@ -39,9 +39,13 @@ class NativeCall {
   // Tensors passed to arg() and written_arg() must outlive the call: only
   // their addresses are kept (see NativeViews::to_native).
 
-  // A tensor argument the kernel only reads. `index_list`: an element of a
-  // Tensor?[] index list, where CUDA accepts CPU tensors among device ones.
-  at::Tensor arg(const at::Tensor& t, bool index_list = false) {
+  // A tensor argument the kernel only reads: its native view, or `t` itself
+  // when it is no flagos tensor. Valid until the next argument is converted
+  // (NativeViews::view_of): copy it, or borrow it at once (c10::MaybeOwned),
+  // which is what the unboxed routes do to spare a reference count. `index_list`:
+  // an element of a Tensor?[] index list, where CUDA accepts CPU tensors among
+  // device ones.
+  const at::Tensor& arg(const at::Tensor& t, bool index_list = false) {
     if (!t.defined()) return t;
     if (t.device().type() != runtime::kFlagos) {
       foreign_.emplace_back(t.unsafeGetTensorImpl(), index_list);
@@ -49,7 +53,7 @@ class NativeCall {
     }
     see(t.device().index());
     tensor_named_device_ = true;
-    return views_.to_native(t);
+    return views_.view_of(t);
   }
 
   // Room for a list argument of `n` tensors, before its elements go to arg().

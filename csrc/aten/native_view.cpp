@@ -172,7 +172,7 @@ at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like) {
   return tensor_on(std::move(storage), c10::DispatchKey::PrivateUse1, like);
 }
 
-at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
+const at::Tensor& NativeViews::view_of(const at::Tensor& flagos) {
   if (!flagos.defined()) return flagos;
   c10::TensorImpl* impl = flagos.unsafeGetTensorImpl();
   c10::StorageImpl* fs = impl->unsafe_storage().unsafeGetStorageImpl();
@@ -190,7 +190,7 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
       if (kept == nullptr || !describes(*kept, impl, ns)) kept = cache_->find(impl, ns);
       if (kept != nullptr) {
         tensors_.push_back({*kept, impl, ns});
-        return *kept;
+        return tensors_.back().native;
       }
     }
   } else {
@@ -209,9 +209,9 @@ at::Tensor NativeViews::to_native(const at::Tensor& flagos) {
           ? at::Tensor(c10::make_intrusive<runtime::NativeViewImpl>(std::move(storage),
                                                                      native_key(), *impl))
           : tensor_on(std::move(storage), native_key(), flagos);
-  tensors_.push_back({view, impl, ns});
-  if (cache_ != nullptr && twin) cache_->put(impl, view);
-  return view;
+  tensors_.push_back({std::move(view), impl, ns});
+  if (cache_ != nullptr && twin) cache_->put(impl, tensors_.back().native);
+  return tensors_.back().native;
 }
 
 void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view) {

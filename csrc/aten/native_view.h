@@ -38,7 +38,14 @@ class NativeViews {
   // A native view of a flagos tensor (undefined stays undefined). `flagos`
   // must outlive this object: only its address is kept, because copying a
   // tensor that Python owns costs a Python reference count under the GIL.
-  at::Tensor to_native(const at::Tensor& flagos);
+  at::Tensor to_native(const at::Tensor& flagos) { return view_of(flagos); }
+
+  // The same view as this object holds it (or `flagos` itself, undefined),
+  // without a reference count of the caller's own: for a caller that borrows
+  // it at once (c10::MaybeOwned), since the reference is valid only until the
+  // next view is made (the list holding the views may grow). The view itself
+  // lives as long as this object.
+  const at::Tensor& view_of(const at::Tensor& flagos);
 
   // A flagos tensor for a native result of this call: the flagos argument
   // itself when `native` is one of our views, a flagos tensor on the argument's

@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/MaybeOwned.h>
 
 #include "aten/fallback.h"
 #include "aten/native_call.h"
@@ -42,11 +43,15 @@ struct Arg {  // anything else passes through as it is
   T get(NativeCall&) { return std::forward<T>(value); }
 };
 
+// Read-only tensors are borrowed: NativeCall keeps each view alive until the
+// call ends (and the caller its own tensors), so the kernel's argument takes
+// no reference count of its own.
 template <>
 struct Arg<const at::Tensor&> {
-  at::Tensor native;
-  Arg(NativeCall& call, const at::Tensor& t) : native(call.arg(t)) {}
-  const at::Tensor& get(NativeCall&) { return native; }
+  c10::MaybeOwned<at::Tensor> native;
+  Arg(NativeCall& call, const at::Tensor& t)
+      : native(c10::MaybeOwned<at::Tensor>::borrowed(call.arg(t))) {}
+  const at::Tensor& get(NativeCall&) { return *native; }
 };
 
 template <>
@@ -57,35 +62,67 @@ struct Arg<at::Tensor&> {  // in-place and out= arguments
   at::Tensor& get(NativeCall&) { return native; }
 };
 
+// Tensors borrowed the same way where the kernel wants them as Tensor
+// objects of their own (an optional, a list): each is a borrow
+// (c10::MaybeOwnedTraits), given back without a reference count when the
+// argument ends, also when a later conversion throws.
+class BorrowedTensors {
+ public:
+  BorrowedTensors() = default;
+  // Moved into the call's argument tuple: the moved-from list is left empty.
+  BorrowedTensors(BorrowedTensors&&) = default;
+  BorrowedTensors(const BorrowedTensors&) = delete;
+  BorrowedTensors& operator=(const BorrowedTensors&) = delete;
+  ~BorrowedTensors() {
+    for (at::Tensor& t : tensors_) c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
+  }
+  void reserve(size_t n) { tensors_.reserve(n); }
+  void push_back(const at::Tensor& t) {
+    tensors_.push_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t));
+  }
+  at::TensorList list() const { return tensors_; }
+
+ private:
+  c10::SmallVector<at::Tensor, 8> tensors_;
+};
+
 template <>
 struct Arg<const std::optional<at::Tensor>&> {
   std::optional<at::Tensor> native;
   Arg(NativeCall& call, const std::optional<at::Tensor>& t) {
-    if (t.has_value()) native = call.arg(*t);
+    if (t.has_value()) native = c10::MaybeOwnedTraits<at::Tensor>::createBorrow(call.arg(*t));
+  }
+  // Moved into the call's argument tuple: the moved-from tensor is undefined,
+  // which destroyBorrow gives back as it is.
+  Arg(Arg&&) = default;
+  Arg(const Arg&) = delete;
+  Arg& operator=(const Arg&) = delete;
+  ~Arg() {
+    if (native.has_value()) c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(*native);
   }
   const std::optional<at::Tensor>& get(NativeCall&) { return native; }
 };
 
 template <>
 struct Arg<const at::ITensorListRef&> {
-  c10::SmallVector<at::Tensor, 8> native;
+  BorrowedTensors native;
   Arg(NativeCall& call, const at::ITensorListRef& list) {
     native.reserve(list.size());
     call.reserve(list.size());
     for (const at::Tensor& t : list) native.push_back(call.arg(t));
   }
-  at::ITensorListRef get(NativeCall&) { return at::ITensorListRef(at::TensorList(native)); }
+  at::ITensorListRef get(NativeCall&) { return at::ITensorListRef(native.list()); }
 };
 
 template <>
 struct Arg<at::TensorList> {
-  c10::SmallVector<at::Tensor, 8> native;
+  BorrowedTensors native;
   Arg(NativeCall& call, at::TensorList list) {
     native.reserve(list.size());
     call.reserve(list.size());
     for (const at::Tensor& t : list) native.push_back(call.arg(t));
   }
-  at::TensorList get(NativeCall&) { return native; }
+  at::TensorList get(NativeCall&) { return native.list(); }
 };
 
 template <>
