@@ -5,30 +5,44 @@
 namespace torch_fl::runtime {
 namespace {
 
-// Keys of a tensor of `backend` as TensorImpl's constructor sets them outside
-// inference mode, and inside it (made at load: read on every routed call).
-c10::DispatchKeySet keys_of(c10::DispatchKey backend) {
-  const auto component = c10::toBackendComponent(backend);
-  return c10::DispatchKeySet(backend) | c10::getAutocastRelatedKeySetFromBackend(component) |
-         c10::getAutogradRelatedKeySetFromBackend(component);
-}
-c10::DispatchKeySet inference_keys_of(c10::DispatchKey backend) {
-  return keys_of(backend) - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
-}
-const c10::DispatchKeySet kKeys = keys_of(c10::DispatchKey::PrivateUse1);
-const c10::DispatchKeySet kInferenceKeys = inference_keys_of(c10::DispatchKey::PrivateUse1);
+// Keys of a tensor of a backend as TensorImpl's constructor sets them outside
+// inference mode, and inside it (made at load: one of them is read per
+// routed result or new view).
+struct Keys {
+  explicit Keys(c10::DispatchKey backend)
+      : outside(c10::DispatchKeySet(backend) |
+                c10::getAutocastRelatedKeySetFromBackend(c10::toBackendComponent(backend)) |
+                c10::getAutogradRelatedKeySetFromBackend(c10::toBackendComponent(backend))),
+        inside(outside - c10::autograd_dispatch_keyset_with_ADInplaceOrView) {}
+  c10::DispatchKeySet of(bool inference) const { return inference ? inside : outside; }
+  const c10::DispatchKeySet outside, inside;
+};
+const Keys kFlagosKeys(c10::DispatchKey::PrivateUse1);
+const Keys kCpuKeys(c10::DispatchKey::CPU);
+const Keys kCudaKeys(c10::DispatchKey::CUDA);
 const c10::DispatchKeySet kConjNegKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+
+// The keys of a native view: the native device is the CPU or CUDA.
+c10::DispatchKeySet native_view_keys(c10::DispatchKey native_key, const c10::TensorImpl& flagos) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(native_key == c10::DispatchKey::CPU ||
+                                   native_key == c10::DispatchKey::CUDA);
+  const Keys& keys = native_key == c10::DispatchKey::CPU ? kCpuKeys : kCudaKeys;
+  return keys.of(c10::InferenceMode::is_enabled()) | (flagos.key_set() & kConjNegKeys);
+}
 
 }  // namespace
 
 // The base is made as an inference tensor (keys without autograd), so that it
-// allocates no version counter; the keys then come from the derived class.
+// allocates no version counter; then it takes `keys`, and the derived class
+// gives it a counter where those keys are not an inference tensor's.
 // Members are reached through this class: they are TensorImpl's protected
 // ones. Inlined into both derived constructors: one of them runs per routed
 // result or view.
-C10_ALWAYS_INLINE CopiedTensorImpl::CopiedTensorImpl(c10::Storage storage, c10::DispatchKeySet keys,
-                                   const c10::TensorImpl& from)
-    : c10::TensorImpl(c10::TensorImpl::VIEW, std::move(storage), kInferenceKeys, from.dtype()) {
+C10_ALWAYS_INLINE CopiedTensorImpl::CopiedTensorImpl(c10::Storage storage,
+                                                     c10::DispatchKeySet keys,
+                                                     const c10::TensorImpl& from)
+    : c10::TensorImpl(c10::TensorImpl::VIEW, std::move(storage), kFlagosKeys.inside,
+                      from.dtype()) {
   key_set_ = keys;
   sizes_and_strides_ = from.*(&CopiedTensorImpl::sizes_and_strides_);
   storage_offset_ = from.storage_offset();
@@ -48,22 +62,17 @@ C10_ALWAYS_INLINE CopiedTensorImpl::CopiedTensorImpl(c10::Storage storage, c10::
 
 ResultTensorImpl::ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native)
     : CopiedTensorImpl(std::move(storage),
-                       (native.is_inference() ? kInferenceKeys : kKeys) |
-                           (native.key_set() & kConjNegKeys),
+                       kFlagosKeys.of(native.is_inference()) | (native.key_set() & kConjNegKeys),
                        native) {
-  if (!native.is_inference()) version_counter_ = native.version_counter();
+  if (!is_inference()) version_counter_ = native.version_counter();
 }
 
 NativeViewImpl::NativeViewImpl(c10::Storage twin, c10::DispatchKey native_key,
                                c10::TensorImpl& flagos)
-    : CopiedTensorImpl(std::move(twin), kInferenceKeys, flagos) {
-  static const c10::DispatchKeySet keys = keys_of(native_key);
-  static const c10::DispatchKeySet inference_keys = inference_keys_of(native_key);
-  const bool inference_mode = c10::InferenceMode::is_enabled();
-  key_set_ = (inference_mode ? inference_keys : keys) | (flagos.key_set() & kConjNegKeys);
-  if (!inference_mode) {
-    version_counter_ = flagos.is_inference() ? c10::VariableVersion(/*version=*/0)
-                                             : flagos.version_counter();
+    : CopiedTensorImpl(std::move(twin), native_view_keys(native_key, flagos), flagos) {
+  if (!is_inference()) {
+    version_counter_ =
+        flagos.is_inference() ? c10::VariableVersion(/*version=*/0) : flagos.version_counter();
   }
 }
 
