@@ -1,11 +1,28 @@
 // torch.autocast("flagos"): the same op policies as CUDA's autocast (the
 // lists PyTorch publishes in ATen/autocast_mode.h), applied on the
-// AutocastPrivateUse1 key. Ops not listed fall through unchanged.
+// AutocastPrivateUse1 key, and CUDA's ban on binary_cross_entropy (the lists
+// leave it out: PyTorch registers it for each device's key by hand). Ops not
+// listed fall through unchanged.
 
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
 namespace at::autocast {
+namespace {
+
+// What CUDA's autocast does: its fp16 result saturates where a sigmoid's
+// output nears 0 or 1, so the op is refused, not cast. The text is CUDA's.
+at::Tensor flagos_binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&,
+                                              const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false,
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+              "autocast.\nMany models use a sigmoid layer right before the binary cross entropy "
+              "layer.\nIn this case, combine the two layers using "
+              "torch.nn.functional.binary_cross_entropy_with_logits\nor torch.nn.BCEWithLogitsLoss.  "
+              "binary_cross_entropy_with_logits and BCEWithLogits are\nsafe to autocast.");
+}
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
@@ -24,6 +41,8 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(
       KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
   AT_FORALL_PROMOTE(FLAGOS_PROMOTE)
+  m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
+         TORCH_FN(flagos_binary_cross_entropy_banned));
 }
 
 }  // namespace at::autocast

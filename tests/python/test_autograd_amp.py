@@ -278,6 +278,28 @@ def test_autocast_float16():
     assert y.dtype == torch.float16
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_refuses_binary_cross_entropy_as_cuda_does(dtype):
+    # CUDA's autocast bans it (fp16 saturates next to a sigmoid's 0 and 1),
+    # outside PyTorch's op lists; the logits form stays allowed, in fp32.
+    p = torch.rand(6, 5, device="flagos") * 0.98 + 0.01
+    target = torch.rand(6, 5, device="flagos")
+    logits = torch.randn(6, 5, device="flagos")
+    with torch.autocast("flagos", dtype=dtype):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are "
+                                               "unsafe to autocast"):
+            F.binary_cross_entropy(p, target)
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            nn.BCELoss()(p, target)
+        safe = F.binary_cross_entropy_with_logits(logits.to(dtype), target)
+    assert safe.dtype == torch.float32
+    ref = F.binary_cross_entropy_with_logits(logits.cpu().to(dtype).double(), target.cpu().double())
+    close(safe.double(), ref, rtol=1e-5, atol=1e-6)
+    # Outside the region, the op runs as usual.
+    close(F.binary_cross_entropy(p, target).double(),
+          F.binary_cross_entropy(p.cpu().double(), target.cpu().double()), rtol=1e-5, atol=1e-6)
+
+
 def test_autocast_backward_gives_float32_grads():
     model = make_mlp().to("flagos")
     x = torch.randn(8, 16, device="flagos")
