@@ -37,20 +37,25 @@ bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
 }
 
 // Whether a kept native view still describes the flagos tensor exactly: over
-// its storage's twin, with its dtype, geometry and conj/neg bits.
+// its storage's twin, with its dtype, geometry and conj/neg/zero bits.
 C10_ALWAYS_INLINE bool describes(const at::Tensor& native, const c10::TensorImpl* flagos,
                                   const c10::StorageImpl* twin) {
   const c10::TensorImpl* n = native.unsafeGetTensorImpl();
   return n->unsafe_storage().unsafeGetStorageImpl() == twin && n->dtype() == flagos->dtype() &&
          n->storage_offset() == flagos->storage_offset() && n->is_conj() == flagos->is_conj() &&
-         n->is_neg() == flagos->is_neg() && same(n->sizes(), flagos->sizes()) &&
+         n->is_neg() == flagos->is_neg() && n->_is_zerotensor() == flagos->_is_zerotensor() &&
+         same(n->sizes(), flagos->sizes()) &&
          same(n->strides(), flagos->strides());
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
                      const at::Tensor& like) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  c10::DispatchKeySet keys(key);
+  // An efficient zero tensor (forward AD's zero tangents) has no memory: the
+  // key, which only a constructor may give, sends every operator to
+  // PyTorch's ZeroTensor kernels first.
+  if (like._is_zerotensor()) keys = keys.add(c10::DispatchKey::ZeroTensor);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys, like.dtype());
   copy_geometry(impl.get(), like);
   return at::Tensor(std::move(impl));
 }
@@ -70,7 +75,7 @@ void release_storage_ref(void* ctx) {
 // other call. An entry is used only if it still describes the flagos tensor
 // exactly: the same twin storage (a twin is never shared by two live flagos
 // storages, and the entry keeps it alive, so its address cannot be reused),
-// dtype, sizes, strides, offset and conj/neg bits. A stale entry is therefore
+// dtype, sizes, strides, offset and conj/neg/zero bits. A stale entry is therefore
 // harmless; it holds one small TensorImpl and a twin that owns no memory.
 class ViewCache {
  public:
@@ -269,6 +274,14 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     // returned as it is, as the native op would.
     return native;
   }
+  // Nor a nested tensor's offsets: adopting its buffer would hand back a
+  // dense tensor with none of its sizes.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !native.is_nested(), "a kernel returned a nested tensor, but flagos tensors are not nested. "
+      "nn.TransformerEncoder makes one in eval mode under torch.no_grad() when given a "
+      "src_key_padding_mask: build it with enable_nested_tensor=False. Elsewhere, keep nested "
+      "tensors on the CPU, or pad them into one tensor (.to_padded_tensor(padding)) before "
+      "moving them to flagos.");
   // A flagos TensorImpl cannot carry a quantizer: adopting the memory would
   // hand back a tensor of a quantized dtype that is not quantized.
   TORCH_CHECK_NOT_IMPLEMENTED(!native.is_quantized(), "a kernel returned a quantized tensor (",

@@ -105,7 +105,7 @@ class NativeViews {
 };
 
 // A flagos tensor over `storage` with the geometry (sizes, strides, offset,
-// conj/neg bits) of `like`.
+// conj/neg/zero bits) of `like`.
 at::Tensor flagos_tensor_on(c10::Storage storage, const at::Tensor& like);
 // The same for a native tensor (a view of flagos memory for a native kernel).
 at::Tensor native_tensor_on(c10::Storage storage, const at::Tensor& like);

@@ -20,14 +20,17 @@ struct Keys {
 const Keys kFlagosKeys(c10::DispatchKey::PrivateUse1);
 const Keys kCpuKeys(c10::DispatchKey::CPU);
 const Keys kCudaKeys(c10::DispatchKey::CUDA);
-const c10::DispatchKeySet kConjNegKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+// The keys a tensor's flags are kept in (conj and neg bits, an efficient zero
+// tensor), carried from the TensorImpl a new one copies.
+const c10::DispatchKeySet kFlagKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
+                                     c10::DispatchKey::ZeroTensor});
 
 // The keys of a native view: the native device is the CPU or CUDA.
 c10::DispatchKeySet native_view_keys(c10::DispatchKey native_key, const c10::TensorImpl& flagos) {
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(native_key == c10::DispatchKey::CPU ||
                                    native_key == c10::DispatchKey::CUDA);
   const Keys& keys = native_key == c10::DispatchKey::CPU ? kCpuKeys : kCudaKeys;
-  return keys.of(c10::InferenceMode::is_enabled()) | (flagos.key_set() & kConjNegKeys);
+  return keys.of(c10::InferenceMode::is_enabled()) | (flagos.key_set() & kFlagKeys);
 }
 
 }  // namespace
@@ -62,7 +65,7 @@ C10_ALWAYS_INLINE CopiedTensorImpl::CopiedTensorImpl(c10::Storage storage,
 
 ResultTensorImpl::ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native)
     : CopiedTensorImpl(std::move(storage),
-                       kFlagosKeys.of(native.is_inference()) | (native.key_set() & kConjNegKeys),
+                       kFlagosKeys.of(native.is_inference()) | (native.key_set() & kFlagKeys),
                        native) {
   if (!is_inference()) version_counter_ = native.version_counter();
 }

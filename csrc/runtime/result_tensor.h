@@ -46,7 +46,7 @@ class CopiedTensorImpl : public c10::TensorImpl {
 class ResultTensorImpl final : public CopiedTensorImpl {
  public:
   // A flagos tensor over `storage` (a flagos storage over `native`'s bytes)
-  // with `native`'s sizes, strides, offset, dtype, conj/neg bits, inference
+  // with `native`'s sizes, strides, offset, dtype, conj/neg/zero bits, inference
   // state and version counter.
   ResultTensorImpl(c10::Storage storage, c10::TensorImpl& native);
 
@@ -88,7 +88,7 @@ class ResultTensorImpl final : public CopiedTensorImpl {
 class NativeViewImpl final : public CopiedTensorImpl {
  public:
   // A tensor of the dispatch key `native_key` over `twin` (a native storage
-  // over `flagos`'s bytes) with `flagos`'s dtype, geometry and conj/neg bits.
+  // over `flagos`'s bytes) with `flagos`'s dtype, geometry and conj/neg/zero bits.
   // Its keys are those a TensorImpl of `native_key` gets in the current
   // inference mode; outside inference mode it shares `flagos`'s version
   // counter where `flagos` has one (the two alias), else gets its own.

@@ -229,6 +229,45 @@ def test_no_grad_and_detach():
     assert x.detach().data_ptr() == x.data_ptr()
 
 
+# ---------------------------------------------------------------- forward AD
+
+
+def test_efficient_zero_tensors_keep_their_key():
+    # Forward AD's tangent for a non-dual operand: no memory, the ZeroTensor
+    # key sends operators to PyTorch's zero-tensor kernels.
+    z = torch._efficientzerotensor(3, 2, device="flagos")
+    assert z._is_zerotensor() and z.device.type == "flagos"
+    x = torch.randn(3, 2, device="flagos")
+    close(z + x, x.cpu())
+    close(z.clone(), torch.zeros(3, 2))
+    assert z.sum().item() == 0.0
+    assert torch.equal(z.cpu(), torch.zeros(3, 2))
+
+
+def test_forward_ad_with_non_dual_operands_matches_cpu():
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import hessian, jacfwd, jvp
+
+    x, t, w = (torch.randn(4, dtype=torch.float64) for _ in range(3))
+    m = torch.randn(4, 3, dtype=torch.float64)
+    results = {}
+    for dev in ("cpu", "flagos"):
+        xd, td, wd, md = (v.to(dev) for v in (x, t, w, m))
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(xd, td)
+            prod = fwAD.unpack_dual(dual * wd).tangent
+            mat = fwAD.unpack_dual(dual @ md).tangent
+        results[dev] = (
+            prod, mat,
+            jacfwd(lambda a: a * wd)(xd),
+            hessian(lambda a: (a ** 3).sum())(xd),
+            jvp(lambda a: torch.cat([a, wd]), (xd,), (td,))[1],
+        )
+    for got, want in zip(results["flagos"], results["cpu"]):
+        assert got.device.type == "flagos"
+        close(got, want, rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------- autocast
 
 

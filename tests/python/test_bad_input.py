@@ -524,6 +524,11 @@ FOREIGN_CASES = [
     ("quantized cpu .to(flagos)",
      "torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8).to('flagos')",
      raises("NotImplementedError", "quantized", ".dequantize()"), ()),
+    # nested: a kernel's nested result is refused, not handed back dense
+    ("_nested_tensor_from_mask(flagos)",
+     "torch._nested_tensor_from_mask(torch.randn(2, 3, 4, device='flagos'), "
+     "torch.tensor([[True, True, False], [True, False, False]], device='flagos'))",
+     raises("NotImplementedError", "nested", "enable_nested_tensor=False", ".to_padded_tensor"), ()),
     # nested: made on flagos, refused at the first operator with a way out
     ("nested(flagos).sin()",
      "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').sin()",

@@ -830,3 +830,22 @@ def test_results_sharing_a_fresh_storage_share_one_flagos_storage():
     a.fill_(7)  # one storage: b sees nothing of a's elements, and keeps its values
     assert_same(b, rb)
     assert torch.equal(a.cpu(), torch.full((5,), 7.0))
+
+
+def test_transformer_encoder_padding_mask_in_eval():
+    # In eval mode under no_grad, with a padding mask, nn.TransformerEncoder
+    # takes PyTorch's nested-tensor path; flagos tensors are not nested, so
+    # that path is refused with the way out, and the way out matches the CPU.
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    mask = torch.tensor([[False, False, False, True, True], [False, False, False, False, True]])
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    nested = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    dense = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        want = dense(x, src_key_padding_mask=mask)
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+            nested.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
+        got = dense.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
+    assert got.device == DEV
+    assert_same(got, want, rtol=1e-5, atol=1e-5)
