@@ -229,7 +229,7 @@ def test_no_grad_and_detach():
     assert x.detach().data_ptr() == x.data_ptr()
 
 
-# ---------------------------------------------------------------- forward AD
+# ---------------------------------------------------------------- forward AD, checkpoint
 
 
 def test_efficient_zero_tensors_keep_their_key():
@@ -266,6 +266,22 @@ def test_forward_ad_with_non_dual_operands_matches_cpu():
     for got, want in zip(results["flagos"], results["cpu"]):
         assert got.device.type == "flagos"
         close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpoint_recomputes_dropout_with_the_same_mask(use_reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    # torch.utils.checkpoint restores the flagos RNG state before recomputing,
+    # so backward sees the forward's mask: grad = mask / (1 - p).
+    x = torch.rand(2000, device="flagos").requires_grad_()
+    torch.manual_seed(1234)
+    y = checkpoint(lambda t: F.dropout(t, 0.5, training=True) * 1.0, x,
+                   use_reentrant=use_reentrant)
+    y.sum().backward()
+    mask = (y.detach() != 0).to(x.dtype)
+    assert 0.3 < mask.mean().item() < 0.7
+    assert torch.equal(x.grad.cpu(), (mask * 2.0).cpu())
 
 
 # ---------------------------------------------------------------- autocast

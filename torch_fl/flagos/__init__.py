@@ -68,6 +68,11 @@ _INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "W
 
 
 def __getattr__(name):
+    # torch.cuda's flag, read as `getattr(device_module, "_initialized", False)`
+    # by torch.utils.checkpoint before it saves and restores the devices' RNG
+    # states (dropout recomputed in backward must draw the same mask).
+    if name == "_initialized":
+        return is_initialized()
     if name in _INDUCTOR_NAMES:
         from ..compile import inductor_backend
 
