@@ -14,6 +14,7 @@ void NativeCall::mismatch(c10::DeviceIndex d) const {
 void NativeCall::finish_arguments() {
   if (device_ == -1) {
     device_ = runtime::current_device();
+    no_flagos_argument_ = true;
     return;
   }
   // A non-flagos tensor among flagos arguments is accepted where CUDA accepts
@@ -28,6 +29,18 @@ void NativeCall::finish_arguments() {
 }
 
 at::Generator NativeCall::generator(const std::optional<at::Generator>& gen) const {
+  // The dispatcher picked flagos from the generator alone: the tensors are
+  // another device's (the CPU's, for a factory given no device).
+  if (no_flagos_argument_ && gen.has_value() && gen->defined() &&
+      gen->device().type() == runtime::kFlagos) {
+    const c10::DeviceType tensors =
+        foreign_.empty() ? c10::DeviceType::CPU : foreign_.front().first->device_type();
+    TORCH_CHECK(false, "Expected a '", c10::DeviceTypeName(tensors, /*lower_case=*/true),
+                "' device type for generator but found 'flagos' (in ",
+                op_.schema().operator_name(),
+                "): no flagos tensor or device is among the arguments. Pass a generator of "
+                "the tensors' device, or make the tensors on flagos.");
+  }
   return runtime::native_generator(gen, device_);
 }
 

@@ -79,7 +79,8 @@ class NativeCall {
   void finish_arguments();
 
   // The native generator for a Generator argument (the flagos device's
-  // default when none is given).
+  // default when none is given). A flagos generator is refused for a call
+  // that has no flagos tensor or device (a CPU tensor's, as CUDA's is).
   at::Generator generator(const std::optional<at::Generator>& gen) const;
 
   template <class Kernel>
@@ -128,6 +129,7 @@ class NativeCall {
   NativeViews views_;
   c10::DeviceIndex device_ = -1;
   bool tensor_named_device_ = false;  // a flagos tensor argument set device_
+  bool no_flagos_argument_ = false;   // device_ is the current device: no argument named one
   c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 2> written_;  // (flagos, view)
   c10::SmallVector<std::pair<c10::TensorImpl*, bool>, 2> foreign_;  // (tensor, index_list)
 };

@@ -375,6 +375,16 @@ MISC_API_CASES = [
     ("manual_seed(None)", "F.manual_seed(None)", raises("TypeError", "NoneType")),
     ("randn(generator=cpu)", "torch.randn(2, device='flagos', generator=torch.Generator())",
      raises("RuntimeError", "generator", "cpu")),
+    # A flagos generator for CPU tensors: refused as CUDA's is.
+    ("rand(generator=flagos) on cpu", "torch.rand(3, generator=torch.Generator(device='flagos'))",
+     raises("RuntimeError", "Expected a 'cpu' device type for generator but found 'flagos'",
+            "aten::uniform_")),  # rand fills an empty CPU tensor
+    ("multinomial(cpu, generator=flagos)",
+     "torch.multinomial(torch.ones(3), 2, generator=torch.Generator(device='flagos'))",
+     raises("RuntimeError", "'cpu'", "found 'flagos'", "aten::multinomial")),
+    ("cpu.normal_(generator=flagos)",
+     "torch.empty(3).normal_(generator=torch.Generator(device='flagos'))",
+     raises("RuntimeError", "'cpu'", "found 'flagos'")),
     # torch.accelerator (PyTorch's device-generic API) reaches the C++ runtime
     # without torch.flagos's Python checks.
     ("accelerator.set_device_index(5)", "torch.accelerator.set_device_index(5)",
