@@ -4,7 +4,10 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
@@ -35,6 +38,14 @@ void check_layout(std::optional<c10::Layout> layout) {
               "flagos supports only strided tensors, got layout ", *layout);
 }
 
+// torch.use_deterministic_algorithms(True) (with fill_uninitialized_memory, its
+// default): new memory is filled with NaN or the integer maximum, as the CPU's
+// and CUDA's empty and resize_ do.
+bool fills_uninitialized_memory() {
+  const auto& context = at::globalContext();
+  return context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
+}
+
 // A flagos tensor over fresh memory (runtime/flagos_tensor.h), laid out in
 // `memory_format` when no strides are given.
 at::Tensor new_flagos_tensor(c10::IntArrayRef size, std::optional<c10::IntArrayRef> stride,
@@ -47,6 +58,7 @@ at::Tensor new_flagos_tensor(c10::IntArrayRef size, std::optional<c10::IntArrayR
   if (!stride && memory_format.has_value() && *memory_format != c10::MemoryFormat::Contiguous) {
     t.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
   }
+  if (C10_UNLIKELY(fills_uninitialized_memory())) at::native::fill_empty_deterministic_(t);
   return t;
 }
 
@@ -106,7 +118,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     TORCH_CHECK(s >= 0, "resize_: sizes must be non-negative, got ", size);
   }
   c10::DeviceGuard guard(self.device());
+  const bool fill = fills_uninitialized_memory();
+  const auto& storage = self.unsafeGetTensorImpl()->unsafe_storage();
+  const int64_t old_nbytes = fill && storage ? static_cast<int64_t>(storage.nbytes()) : 0;
   resize_impl(self.unsafeGetTensorImpl(), size, std::nullopt);
+  if (C10_UNLIKELY(fill)) at::native::fill_resize_deterministic_(self, old_nbytes);
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
                 "unsupported memory format ", *memory_format);

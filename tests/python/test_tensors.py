@@ -37,6 +37,34 @@ def test_empty_has_requested_shape_dtype_device():
     assert s.stride() == (1, 2) and s.device == DEV
 
 
+@pytest.fixture
+def deterministic():
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+def test_deterministic_mode_fills_new_memory_as_cpu_does(deterministic):
+    # NaN for floating types, the maximum for integers: empty, empty_strided,
+    # empty_like and the grown part of resize_.
+    for dtype in (torch.float32, torch.bfloat16, torch.complex64, torch.int32, torch.uint8,
+                  torch.bool):
+        made = (torch.empty(5, dtype=dtype, device="flagos"),
+                torch.empty_strided((2, 3), (1, 2), dtype=dtype, device="flagos"),
+                torch.empty_like(torch.ones(4, dtype=dtype, device="flagos")))
+        for t in made:
+            want = torch.empty(t.shape, dtype=dtype)  # the CPU's fill, same mode
+            torch.testing.assert_close(t.cpu(), want, equal_nan=True, rtol=0, atol=0)
+    t = torch.arange(3, dtype=torch.float32, device="flagos")
+    t.resize_(6)
+    torch.testing.assert_close(t.cpu()[:3], torch.arange(3, dtype=torch.float32))
+    assert torch.isnan(t.cpu()[3:]).all()
+    i = torch.arange(2, dtype=torch.int64, device="flagos")
+    i.resize_(5)
+    assert i.cpu().tolist() == [0, 1] + [torch.iinfo(torch.int64).max] * 3
+
+
 def test_empty_zero_size():
     t = torch.empty(0, 4, device="flagos")
     assert t.shape == (0, 4) and t.numel() == 0
