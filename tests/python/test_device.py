@@ -227,6 +227,25 @@ def _assert_names_index_and_range(message: str, index: int):
     assert f"0..{torch.flagos.device_count() - 1}" in message, message
 
 
+def test_device_name_and_bf16_support():
+    n = torch.flagos.device_count()
+    for index in range(n):
+        name = torch.flagos.get_device_name(index)
+        assert name == torch.flagos.get_device_name(f"flagos:{index}")
+        if torch_fl.driver() == "cuda":
+            assert name == torch.cuda.get_device_name(index)
+        else:
+            assert "host" in name
+    assert torch.flagos.get_device_name() == torch.flagos.get_device_name(
+        torch.flagos.current_device())
+    with pytest.raises(IndexError, match=rf"{n}.*0\.\.{n - 1}"):
+        torch.flagos.get_device_name(n)
+    with pytest.raises(ValueError, match="expected a flagos device"):
+        torch.flagos.get_device_name("cpu")
+    expected = torch.cuda.is_bf16_supported() if torch_fl.driver() == "cuda" else True
+    assert torch.flagos.is_bf16_supported() is expected
+
+
 def test_set_device_out_of_range_raises_index_error():
     bad = torch.flagos.device_count() + 3
     with pytest.raises(IndexError) as info:

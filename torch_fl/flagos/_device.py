@@ -58,6 +58,24 @@ def device_count() -> int:
     return _C._device_count()
 
 
+def get_device_name(device=None) -> str:
+    """The device's name: on the cuda driver the GPU's, as torch.cuda names it."""
+    index = _device_index(device)
+    if index == -1:
+        index = current_device()
+    if _C._driver_name() == "cuda":
+        return torch.cuda.get_device_name(index)
+    return "flagos host device (CPU memory and kernels)"
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether bfloat16 runs natively (as torch.cuda.is_bf16_supported); the CPU's
+    kernels of the host driver always take it."""
+    if _C._driver_name() == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation)
+    return True
+
+
 def current_device() -> int:
     return _C._current_device()
 
