@@ -20,12 +20,6 @@ namespace {
 using runtime::FlagosStorage;
 using runtime::kFlagos;
 
-void copy_geometry(c10::TensorImpl* dst, const at::Tensor& src) {
-  dst->set_sizes_and_strides(src.sizes(), src.strides(), src.storage_offset());
-  if (src.is_conj()) dst->_set_conj(true);
-  if (src.is_neg()) dst->_set_neg(true);
-}
-
 // IntArrayRef's == calls memcmp: for the few dimensions of a tensor, a loop is
 // half the instructions.
 bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
@@ -41,22 +35,20 @@ bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
 C10_ALWAYS_INLINE bool describes(const at::Tensor& native, const c10::TensorImpl* flagos,
                                   const c10::StorageImpl* twin) {
   const c10::TensorImpl* n = native.unsafeGetTensorImpl();
+  using runtime::kFlagKeys;
   return n->unsafe_storage().unsafeGetStorageImpl() == twin && n->dtype() == flagos->dtype() &&
-         n->storage_offset() == flagos->storage_offset() && n->is_conj() == flagos->is_conj() &&
-         n->is_neg() == flagos->is_neg() && n->_is_zerotensor() == flagos->_is_zerotensor() &&
-         same(n->sizes(), flagos->sizes()) &&
-         same(n->strides(), flagos->strides());
+         n->storage_offset() == flagos->storage_offset() &&
+         (n->key_set() & kFlagKeys) == (flagos->key_set() & kFlagKeys) &&
+         same(n->sizes(), flagos->sizes()) && same(n->strides(), flagos->strides());
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
                      const at::Tensor& like) {
-  c10::DispatchKeySet keys(key);
-  // An efficient zero tensor (forward AD's zero tangents) has no memory: the
-  // key, which only a constructor may give, sends every operator to
-  // PyTorch's ZeroTensor kernels first.
-  if (like._is_zerotensor()) keys = keys.add(c10::DispatchKey::ZeroTensor);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys, like.dtype());
-  copy_geometry(impl.get(), like);
+  // The flags go in with the keys: ZeroTensor's only a constructor may give.
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(key) | (like.key_set() & runtime::kFlagKeys),
+      like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   return at::Tensor(std::move(impl));
 }
 

@@ -20,10 +20,6 @@ struct Keys {
 const Keys kFlagosKeys(c10::DispatchKey::PrivateUse1);
 const Keys kCpuKeys(c10::DispatchKey::CPU);
 const Keys kCudaKeys(c10::DispatchKey::CUDA);
-// The keys a tensor's flags are kept in (conj and neg bits, an efficient zero
-// tensor), carried from the TensorImpl a new one copies.
-const c10::DispatchKeySet kFlagKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
-                                     c10::DispatchKey::ZeroTensor});
 
 // The keys of a native view: the native device is the CPU or CUDA.
 c10::DispatchKeySet native_view_keys(c10::DispatchKey native_key, const c10::TensorImpl& flagos) {

@@ -28,6 +28,16 @@
 
 namespace torch_fl::runtime {
 
+// The keys a TensorImpl keeps its flags in: the conj and neg bits, and an
+// efficient zero tensor's (forward AD's zero tangents: no memory, the key
+// sends every operator to PyTorch's zero-tensor kernels). Every tensor made
+// from another (a result, a native view, a flagos tensor on a storage) takes
+// them over, and a kept view must agree on them.
+inline constexpr c10::DispatchKeySet kFlagKeys =
+    c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
+    c10::DispatchKeySet(c10::DispatchKey::Negative) |
+    c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+
 class CopiedTensorImpl : public c10::TensorImpl {
  public:
   // Whether `t`'s geometry can be copied: concrete, and kept where TensorImpl
