@@ -246,6 +246,31 @@ def test_device_name_and_bf16_support():
     assert torch.flagos.is_bf16_supported() is expected
 
 
+def test_device_properties_and_capability():
+    n = torch.flagos.device_count()
+    for index in range(n):
+        props = torch.flagos.get_device_properties(index)
+        assert props.name == torch.flagos.get_device_name(index)
+        if torch_fl.driver() == "cuda":
+            cuda = torch.cuda.get_device_properties(index)
+            assert (props.total_memory, props.major, props.minor) == (
+                cuda.total_memory, cuda.major, cuda.minor)
+            assert torch.flagos.get_device_capability(index) == torch.cuda.get_device_capability(
+                index)
+        else:
+            assert props.total_memory == torch.flagos.mem_get_info(index)[1]
+            assert props.cpu_threads == torch.get_num_threads()
+            assert "total_memory=" in repr(props)
+            with pytest.raises(RuntimeError, match="no compute capability"):
+                torch.flagos.get_device_capability(index)
+    assert torch.flagos.get_device_properties().name == torch.flagos.get_device_properties(
+        torch.flagos.current_device()).name
+    with pytest.raises(IndexError, match=rf"{n}.*0\.\.{n - 1}"):
+        torch.flagos.get_device_properties(n)
+    with pytest.raises(ValueError, match="expected a flagos device"):
+        torch.flagos.get_device_capability("cpu")
+
+
 def test_set_device_out_of_range_raises_index_error():
     bad = torch.flagos.device_count() + 3
     with pytest.raises(IndexError) as info:

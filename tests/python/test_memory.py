@@ -1,6 +1,7 @@
 """The flagos caching allocator: statistics, caching, OOM, pinned host memory."""
 
 import gc
+import re
 
 import pytest
 import torch
@@ -283,6 +284,49 @@ def test_accelerator_memory_api_agrees():
     stats = torch.accelerator.memory_stats(last)
     assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated(last)
     del t
+
+
+def test_memory_summary_shows_the_counters():
+    t = torch.randn(3000 + torch.randint(0, 1000, ()).item(), device="flagos")
+    stats = torch.flagos.memory_stats()
+    table = torch.flagos.memory_summary()
+    rows = {}
+    for line in table.splitlines():  # columns are two or more spaces apart
+        label, *cells = re.split(r"\s{2,}", line.strip())
+        rows[label] = cells
+    # Counts print as they are: current, peak, total allocated, total freed.
+    for title, prefix in (("Allocations", "allocation"), ("Active allocs", "active"),
+                          ("Segments", "segment")):
+        assert rows[title] == [str(stats[f"{prefix}.all.{c}"])
+                               for c in ("current", "peak", "allocated", "freed")], table
+    assert "from small pool" in table and "from large pool" in table
+    short = torch.flagos.memory_summary(0, abbreviated=True)
+    assert "Allocated memory" in short and "from small pool" not in short
+    assert f"Out-of-memory errors: {stats['num_ooms']}" in table
+    with pytest.raises(IndexError, match="out of range"):
+        torch.flagos.memory_summary(torch.flagos.device_count())
+    del t
+
+
+def test_memory_stats_as_nested_dict_matches_the_flat_keys():
+    t = torch.randn(500, device="flagos")
+    flat = torch.flagos.memory_stats()
+    nested = torch.flagos.memory_stats_as_nested_dict()
+    for key, value in flat.items():
+        node = nested
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
+    del t
+
+
+def test_reset_max_memory_allocated_resets_the_peak():
+    big = torch.empty(8 * MiB, dtype=torch.uint8, device="flagos")
+    del big
+    assert torch.flagos.max_memory_allocated() > allocated()
+    with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
+        torch.flagos.reset_max_memory_allocated()
+    assert torch.flagos.max_memory_allocated() == allocated()
 
 
 def test_mem_get_info_reports_free_and_total():

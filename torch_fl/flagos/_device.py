@@ -76,6 +76,50 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+class FlagosDeviceProperties:
+    """What the host driver can say about one of its devices, where
+    torch.cuda.get_device_properties gives a GPU's properties: its name, the
+    memory it can use (the machine's RAM, as mem_get_info reports it) and the
+    CPU threads its kernels run on."""
+
+    __slots__ = ("name", "total_memory", "cpu_threads")
+
+    def __init__(self, name: str, total_memory: int, cpu_threads: int):
+        self.name, self.total_memory, self.cpu_threads = name, total_memory, cpu_threads
+
+    def __repr__(self) -> str:
+        return (f"FlagosDeviceProperties(name='{self.name}', "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"cpu_threads={self.cpu_threads})")
+
+
+def get_device_properties(device=None):
+    """The device's properties: on the cuda driver torch.cuda's for the same GPU
+    (name, total_memory, major/minor, multi_processor_count, ...); on the host
+    driver a FlagosDeviceProperties."""
+    index = _device_index(device)
+    if index == -1:
+        index = current_device()
+    if _C._driver_name() == "cuda":
+        return torch.cuda.get_device_properties(index)
+    return FlagosDeviceProperties(get_device_name(index), _C._mem_get_info(index)[1],
+                                  torch.get_num_threads())
+
+
+def get_device_capability(device=None) -> tuple:
+    """(major, minor) compute capability: the GPU's on the cuda driver. The
+    host driver's CPU kernels have none; torch.accelerator.get_device_capability
+    lists the dtypes every driver supports."""
+    index = _device_index(device)
+    if index == -1:
+        index = current_device()
+    if _C._driver_name() == "cuda":
+        return torch.cuda.get_device_capability(index)
+    raise RuntimeError(
+        "the flagos host driver runs CPU kernels and has no compute capability; "
+        "torch.accelerator.get_device_capability('flagos') lists its supported dtypes")
+
+
 def current_device() -> int:
     return _C._current_device()
 

@@ -1,5 +1,7 @@
 """Memory statistics of the flagos caching allocator (shaped like torch.cuda's)."""
 
+import warnings
+
 from .. import _C
 from ._device import _device_index
 
@@ -43,3 +45,70 @@ def empty_cache() -> None:
 def mem_get_info(device=None) -> tuple:
     """(free, total) bytes of ``device`` as the driver sees them."""
     return tuple(_C._mem_get_info(_device_index(device)))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats() nested at its dots: {"allocated_bytes": {"all": {"current": ...}}}."""
+    nested: dict = {}
+    for key, value in memory_stats(device).items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Kept for scripts written for torch.cuda: resets every peak, as
+    reset_peak_memory_stats does."""
+    warnings.warn("torch.flagos.reset_max_memory_allocated resets all peak memory statistics: "
+                  "call torch.flagos.reset_peak_memory_stats", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def _format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}".replace(".00 ", " ")
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# (title, memory_stats prefix, counts bytes)
+_SUMMARY_ROWS = (
+    ("Allocated memory", "allocated_bytes", True),
+    ("Active memory", "active_bytes", True),
+    ("Requested memory", "requested_bytes", True),
+    ("Reserved memory", "reserved_bytes", True),
+    ("Allocations", "allocation", False),
+    ("Active allocs", "active", False),
+    ("Segments", "segment", False),
+)
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of the allocator's counters for ``device``, as torch.cuda.memory_summary
+    prints them: current, peak, total allocated and total freed, for all blocks and
+    (unless ``abbreviated``) for the small and large pools apart."""
+    index = _device_index(device)
+    stats = memory_stats(index)
+    pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
+    rows = [("", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")]
+    for title, prefix, in_bytes in _SUMMARY_ROWS:
+        for pool in pools:
+            label = title if pool == "all" else f"  from {pool.replace('_', ' ')}"
+            cells = (stats[f"{prefix}.{pool}.{c}"] for c in ("current", "peak", "allocated", "freed"))
+            rows.append((label, *(_format_bytes(v) if in_bytes else str(v) for v in cells)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def fmt(row):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    shown = index if index >= 0 else _C._current_device()
+    return "\n".join([f"flagos memory summary, device flagos:{shown}", rule, fmt(rows[0]), rule,
+                      *map(fmt, rows[1:]), rule,
+                      f"Allocation retries: {stats['num_alloc_retries']}    "
+                      f"Out-of-memory errors: {stats['num_ooms']}", rule])
