@@ -259,7 +259,7 @@ def test_device_properties_and_capability():
                 index)
         else:
             assert props.total_memory == torch.flagos.mem_get_info(index)[1]
-            assert props.cpu_threads == torch.get_num_threads()
+            assert props.multi_processor_count == torch.get_num_threads()
             assert "total_memory=" in repr(props)
             with pytest.raises(RuntimeError, match="no compute capability"):
                 torch.flagos.get_device_capability(index)

@@ -78,19 +78,22 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 class FlagosDeviceProperties:
     """What the host driver can say about one of its devices, where
-    torch.cuda.get_device_properties gives a GPU's properties: its name, the
-    memory it can use (the machine's RAM, as mem_get_info reports it) and the
-    CPU threads its kernels run on."""
+    torch.cuda.get_device_properties gives a GPU's: its name, the memory it can
+    use (the machine's RAM, as mem_get_info reports it), and as
+    ``multi_processor_count`` the CPU threads its kernels run on (what code
+    written for CUDA, such as DataParallel's balance check, compares)."""
 
-    __slots__ = ("name", "total_memory", "cpu_threads")
+    __slots__ = ("name", "total_memory", "multi_processor_count")
 
-    def __init__(self, name: str, total_memory: int, cpu_threads: int):
-        self.name, self.total_memory, self.cpu_threads = name, total_memory, cpu_threads
+    def __init__(self, name: str, total_memory: int, multi_processor_count: int):
+        self.name = name
+        self.total_memory = total_memory
+        self.multi_processor_count = multi_processor_count
 
     def __repr__(self) -> str:
         return (f"FlagosDeviceProperties(name='{self.name}', "
                 f"total_memory={self.total_memory // (1024 * 1024)}MB, "
-                f"cpu_threads={self.cpu_threads})")
+                f"multi_processor_count={self.multi_processor_count})")
 
 
 def get_device_properties(device=None):
