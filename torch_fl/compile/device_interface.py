@@ -17,10 +17,7 @@ from torch._dynamo.device_interface import (
 )
 
 from .. import _C, flagos
-
-
-def _on_cuda() -> bool:
-    return _C._driver_name() == "cuda"
+from ..flagos._device import _on_cuda
 
 
 def _index(device) -> int:

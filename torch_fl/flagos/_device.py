@@ -49,6 +49,17 @@ def _device_index(device, optional: bool = True) -> int:
     return index
 
 
+def _index_or_current(device) -> int:
+    """_device_index with "no index" (None, 'flagos', -1) resolved to the current device."""
+    index = _device_index(device)
+    return current_device() if index == -1 else index
+
+
+def _on_cuda() -> bool:
+    """Whether the cuda driver runs this process: flagos device i is then CUDA device i."""
+    return _C._driver_name() == "cuda"
+
+
 def is_available() -> bool:
     """True when at least one flagos device can be used."""
     return _C._device_count() > 0
@@ -60,10 +71,8 @@ def device_count() -> int:
 
 def get_device_name(device=None) -> str:
     """The device's name: on the cuda driver the GPU's, as torch.cuda names it."""
-    index = _device_index(device)
-    if index == -1:
-        index = current_device()
-    if _C._driver_name() == "cuda":
+    index = _index_or_current(device)
+    if _on_cuda():
         return torch.cuda.get_device_name(index)
     return "flagos host device (CPU memory and kernels)"
 
@@ -71,7 +80,7 @@ def get_device_name(device=None) -> str:
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """Whether bfloat16 runs natively (as torch.cuda.is_bf16_supported); the CPU's
     kernels of the host driver always take it."""
-    if _C._driver_name() == "cuda":
+    if _on_cuda():
         return torch.cuda.is_bf16_supported(including_emulation)
     return True
 
@@ -100,10 +109,8 @@ def get_device_properties(device=None):
     """The device's properties: on the cuda driver torch.cuda's for the same GPU
     (name, total_memory, major/minor, multi_processor_count, ...); on the host
     driver a FlagosDeviceProperties."""
-    index = _device_index(device)
-    if index == -1:
-        index = current_device()
-    if _C._driver_name() == "cuda":
+    index = _index_or_current(device)
+    if _on_cuda():
         return torch.cuda.get_device_properties(index)
     return FlagosDeviceProperties(get_device_name(index), _C._mem_get_info(index)[1],
                                   torch.get_num_threads())
@@ -113,10 +120,8 @@ def get_device_capability(device=None) -> tuple:
     """(major, minor) compute capability: the GPU's on the cuda driver. The
     host driver's CPU kernels have none; torch.accelerator.get_device_capability
     lists the dtypes every driver supports."""
-    index = _device_index(device)
-    if index == -1:
-        index = current_device()
-    if _C._driver_name() == "cuda":
+    index = _index_or_current(device)
+    if _on_cuda():
         return torch.cuda.get_device_capability(index)
     raise RuntimeError(
         "the flagos host driver runs CPU kernels and has no compute capability; "

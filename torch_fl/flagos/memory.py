@@ -3,7 +3,7 @@
 import warnings
 
 from .. import _C
-from ._device import _device_index
+from ._device import _device_index, _index_or_current
 
 
 def memory_stats(device=None) -> dict:
@@ -68,11 +68,10 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}".replace(".00 ", " ")
-        n /= 1024
-    raise AssertionError("unreachable")
+    if abs(n) < 1024:
+        return f"{n} B"
+    exponent = min(3, (abs(n).bit_length() - 1) // 10)  # KiB, MiB or GiB
+    return f"{n / (1 << 10 * exponent):.2f} {'KMG'[exponent - 1]}iB".replace(".00 ", " ")
 
 
 # (title, memory_stats prefix, counts bytes)
@@ -91,7 +90,7 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A table of the allocator's counters for ``device``, as torch.cuda.memory_summary
     prints them: current, peak, total allocated and total freed, for all blocks and
     (unless ``abbreviated``) for the small and large pools apart."""
-    index = _device_index(device)
+    index = _index_or_current(device)
     stats = memory_stats(index)
     pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
     rows = [("", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")]
@@ -107,8 +106,7 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
                          for i, (c, w) in enumerate(zip(row, widths)))
 
     rule = "  ".join("-" * w for w in widths)
-    shown = index if index >= 0 else _C._current_device()
-    return "\n".join([f"flagos memory summary, device flagos:{shown}", rule, fmt(rows[0]), rule,
+    return "\n".join([f"flagos memory summary, device flagos:{index}", rule, fmt(rows[0]), rule,
                       *map(fmt, rows[1:]), rule,
                       f"Allocation retries: {stats['num_alloc_retries']}    "
                       f"Out-of-memory errors: {stats['num_ooms']}", rule])
