@@ -229,6 +229,15 @@ PYBIND11_MODULE(_C, m) {
       return 0;
     });
   });
+  m.def("_set_memory_fraction", [](double fraction, int d) {
+    guarded([&] {
+      runtime::device_allocator().setMemoryFraction(python::to_index(d), fraction);
+      return 0;
+    });
+  });
+  m.def("_memory_fraction", [](int d) {
+    return guarded([&] { return runtime::device_allocator().memoryFraction(python::to_index(d)); });
+  });
   m.def("_mem_get_info", [](int d) {
     return guarded([&] {
       return runtime::device_allocator().getMemoryInfo(

@@ -56,6 +56,10 @@ struct DevicePool {
   // found by address: c10's raw_allocate/raw_deallocate require the context
   // of such a DataPtr to be the data pointer itself.
   ska::flat_hash_map<void*, Block*> raw;
+  // set_per_process_memory_fraction: the share of the device's memory this
+  // process may hold from the driver, and that share in bytes.
+  double fraction = 1.0;
+  size_t limit = SIZE_MAX;
 };
 
 DevicePool& pool(c10::DeviceIndex device) {
@@ -215,16 +219,28 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     p.free_blocks.erase(it);
   } else {
     auto& d = driver();
-    void* ptr = d.allocate(device, size);
+    // Within the process's share (set_per_process_memory_fraction), as the
+    // reserved bytes count it; the cache is emptied before giving up.
+    const auto within_limit = [&] {
+      return static_cast<size_t>(p.stats.reserved_bytes[0].current) + size <= p.limit;
+    };
+    void* ptr = within_limit() ? d.allocate(device, size) : nullptr;
     if (ptr == nullptr) {
       p.stats.num_alloc_retries++;
       release_cache(p, device);
-      ptr = d.allocate(device, size);
+      if (within_limit()) ptr = d.allocate(device, size);
     }
     if (ptr == nullptr) {
       p.stats.num_ooms++;
       auto info = d.memoryInfo(device);
       auto allocated = p.stats.allocated_bytes[0].current;
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, within_limit(), "flagos out of memory on device ",
+          static_cast<int>(device), ": tried to allocate ", format_bytes(nbytes),
+          ", but this process may hold ", format_bytes(p.limit), " (",
+          p.fraction, " of the device's ", format_bytes(info.total_bytes),
+          ", set by set_per_process_memory_fraction), and ", format_bytes(allocated),
+          " is held by flagos tensors; the flagos cache was emptied before this error.");
       TORCH_CHECK_WITH(
           OutOfMemoryError, false, "flagos out of memory on device ",
           static_cast<int>(device), ": tried to allocate ", format_bytes(nbytes),
@@ -337,6 +353,26 @@ void FlagosAllocator::resetPeakStats(c10::DeviceIndex device) {
   reset(p.stats.reserved_bytes);
   reset(p.stats.active_bytes);
   reset(p.stats.requested_bytes);
+}
+
+void FlagosAllocator::setMemoryFraction(c10::DeviceIndex device, double fraction) {
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "invalid memory fraction ", fraction,
+                    ": the allowed range is 0 to 1");
+  device = resolve_device(device);
+  if (uses_cuda()) return cuda::set_memory_fraction(device, fraction);
+  const size_t total = driver().memoryInfo(device).total_bytes;
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.fraction = fraction;
+  p.limit = fraction >= 1.0 ? SIZE_MAX : static_cast<size_t>(fraction * static_cast<double>(total));
+}
+
+double FlagosAllocator::memoryFraction(c10::DeviceIndex device) {
+  device = resolve_device(device);
+  if (uses_cuda()) return cuda::memory_fraction(device);
+  auto& p = pool(device);
+  std::lock_guard<std::mutex> lock(p.mu);
+  return p.fraction;
 }
 
 std::pair<size_t, size_t> FlagosAllocator::getMemoryInfo(

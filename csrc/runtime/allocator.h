@@ -36,6 +36,11 @@ class FlagosAllocator final : public c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+  // The share (0 to 1) of `device`'s memory this process may hold from the
+  // driver, cached blocks included, as torch.cuda's per-process memory
+  // fraction: an allocation beyond it raises OutOfMemoryError. 1 lifts the cap.
+  void setMemoryFraction(c10::DeviceIndex device, double fraction);
+  double memoryFraction(c10::DeviceIndex device);
 
   // True when `ptr` came from this allocator.
   static bool owns(const c10::DataPtr& ptr) noexcept;

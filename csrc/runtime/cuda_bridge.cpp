@@ -128,6 +128,14 @@ c10::CachingDeviceAllocator::DeviceStats stats(DeviceIndex device) {
 void reset_peak(DeviceIndex device) { alloc()->resetPeakStats(device); }
 void reset_accumulated(DeviceIndex device) { alloc()->resetAccumulatedStats(device); }
 void empty_cache() { alloc()->emptyCache(); }
+void set_memory_fraction(DeviceIndex device, double fraction) {
+  lazy_init();  // the allocator keeps a fraction per initialised device
+  alloc()->setMemoryFraction(fraction, device);
+}
+double memory_fraction(DeviceIndex device) {
+  lazy_init();
+  return alloc()->getMemoryFraction(device);
+}
 
 void record_stream(const c10::DataPtr& ptr, const c10::Stream& s) {
   alloc()->recordStream(ptr, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, to_cuda(s)));
@@ -172,6 +180,8 @@ c10::CachingDeviceAllocator::DeviceStats stats(c10::DeviceIndex) { no_cuda(); }
 void reset_peak(c10::DeviceIndex) { no_cuda(); }
 void reset_accumulated(c10::DeviceIndex) { no_cuda(); }
 void empty_cache() { no_cuda(); }
+void set_memory_fraction(c10::DeviceIndex, double) { no_cuda(); }
+double memory_fraction(c10::DeviceIndex) { no_cuda(); }
 void record_stream(const c10::DataPtr&, const c10::Stream&) { no_cuda(); }
 hal::StreamHandle current_stream_handle(c10::DeviceIndex) { no_cuda(); }
 c10::Allocator* pinned_allocator() { no_cuda(); }

@@ -40,6 +40,8 @@ c10::CachingDeviceAllocator::DeviceStats stats(c10::DeviceIndex device);
 void reset_peak(c10::DeviceIndex device);
 void reset_accumulated(c10::DeviceIndex device);
 void empty_cache();
+void set_memory_fraction(c10::DeviceIndex device, double fraction);
+double memory_fraction(c10::DeviceIndex device);
 void record_stream(const c10::DataPtr& ptr, const c10::Stream& flagos_stream);
 
 // The cudaStream_t of the current stream of `device`.

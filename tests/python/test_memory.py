@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+import torch_fl
 
 MiB = 1 << 20
 
@@ -85,6 +86,31 @@ print("RETRIED")
 c0 = torch.empty(48 * MiB, dtype=torch.uint8, device="flagos:0")
 c1 = torch.empty(48 * MiB, dtype=torch.uint8, device="flagos:1")
 print("PER_DEVICE_OK")
+del c0, c1
+torch.flagos.empty_cache()
+
+# 6. a per-process memory fraction caps one device's reserved bytes, cache included
+torch.flagos.set_per_process_memory_fraction(0.25, "flagos:1")  # 16 MiB of 64
+assert torch.flagos.get_per_process_memory_fraction(1) == 0.25
+assert torch.flagos.get_per_process_memory_fraction(0) == 1.0
+a = torch.empty(10 * MiB, dtype=torch.uint8, device="flagos:1")
+try:
+    torch.empty(10 * MiB, dtype=torch.uint8, device="flagos:1")
+except torch.OutOfMemoryError as e:
+    print("OOM3:", str(e).splitlines()[0])
+else:
+    raise SystemExit("20 MiB fit under a 16 MiB fraction")
+assert int(a.fill_(7)[-1]) == 7
+del a  # cached: 10 MiB still reserved, released to make room below
+b = torch.empty(12 * MiB, dtype=torch.uint8, device="flagos:1")
+assert torch.flagos.memory_reserved(1) == 12 * MiB
+del b
+d0 = torch.empty(40 * MiB, dtype=torch.uint8, device="flagos:0")  # device 0 has no cap
+del d0
+torch.flagos.set_per_process_memory_fraction(1.0, 1)
+e1 = torch.empty(40 * MiB, dtype=torch.uint8, device="flagos:1")
+del e1
+print("FRACTION_OK")
 """
 
 
@@ -329,6 +355,45 @@ def test_reset_max_memory_allocated_resets_the_peak():
     assert torch.flagos.max_memory_allocated() == allocated()
 
 
+def test_per_process_memory_fraction_round_trip_and_bad_values():
+    assert torch.flagos.get_per_process_memory_fraction() == 1.0
+    try:
+        torch.flagos.set_per_process_memory_fraction(0.5)
+        assert torch.flagos.get_per_process_memory_fraction(0) == 0.5
+        if torch_fl.driver() == "cuda":  # one caching allocator for both
+            assert torch.cuda.get_per_process_memory_fraction(0) == 0.5
+        t = torch.randn(1000, device="flagos")  # well under half the device
+        torch.testing.assert_close((t * 2).cpu(), t.cpu() * 2)
+    finally:
+        torch.flagos.set_per_process_memory_fraction(1.0)
+    assert torch.flagos.get_per_process_memory_fraction() == 1.0
+    with pytest.raises(TypeError, match="float, not int"):
+        torch.flagos.set_per_process_memory_fraction(1)
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="allowed range is 0 to 1"):
+            torch.flagos.set_per_process_memory_fraction(bad)
+    n = torch.flagos.device_count()
+    with pytest.raises(IndexError, match=rf"{n + 2}.*0\.\.{n - 1}"):
+        torch.flagos.set_per_process_memory_fraction(0.5, n + 2)
+    with pytest.raises(IndexError, match=rf"{n + 2}.*0\.\.{n - 1}"):
+        torch.flagos.get_per_process_memory_fraction(n + 2)
+    assert torch.flagos.get_per_process_memory_fraction() == 1.0
+
+
+def test_cached_names_are_the_reserved_functions():
+    t = torch.empty(4 * MiB, dtype=torch.uint8, device="flagos")
+    with pytest.warns(FutureWarning, match="renamed to torch.flagos.memory_reserved"):
+        assert torch.flagos.memory_cached() == torch.flagos.memory_reserved()
+    with pytest.warns(FutureWarning, match="renamed to torch.flagos.max_memory_reserved"):
+        assert torch.flagos.max_memory_cached() == torch.flagos.max_memory_reserved()
+    del t
+    torch.flagos.empty_cache()
+    assert torch.flagos.max_memory_reserved() > torch.flagos.memory_reserved()
+    with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
+        torch.flagos.reset_max_memory_cached()
+    assert torch.flagos.max_memory_reserved() == torch.flagos.memory_reserved()
+
+
 def test_mem_get_info_reports_free_and_total():
     free, total = torch.flagos.mem_get_info()
     assert 0 < free <= total
@@ -379,6 +444,14 @@ def test_memory_limit_applies_per_device(oom_run):
     rc, out, err = oom_run.result()
     assert rc == 0, err
     assert "PER_DEVICE_OK" in out
+
+
+def test_per_process_memory_fraction_caps_one_device(oom_run):
+    rc, out, err = oom_run.result()
+    assert "FRACTION_OK" in out, (rc, out, err)
+    line = next(line for line in out.splitlines() if line.startswith("OOM3:"))
+    assert "10.00 MiB" in line and "16.00 MiB" in line and "0.25" in line, line
+    assert "set_per_process_memory_fraction" in line, line
 
 
 # ---------------------------------------------------------------- pinned memory

@@ -67,6 +67,49 @@ def reset_max_memory_allocated(device=None) -> None:
     reset_peak_memory_stats(device)
 
 
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Caps the memory this process may hold on ``device``, cached blocks included, at
+    ``fraction`` (0 to 1) of the device's total: an allocation beyond it raises
+    torch.OutOfMemoryError, as with torch.cuda's. 1.0 lifts the cap. On the cuda driver
+    flagos and torch.cuda share one caching allocator, so this is torch.cuda's fraction for
+    the same GPU."""
+    if not isinstance(fraction, float):
+        raise TypeError(f"the memory fraction must be a float, not {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"invalid memory fraction {fraction}: the allowed range is 0 to 1")
+    _C._set_memory_fraction(fraction, _device_index(device))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction set_per_process_memory_fraction set for ``device`` (1.0 when unset)."""
+    return _C._memory_fraction(_device_index(device))
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"torch.flagos.{old} has been renamed to torch.flagos.{new}", FutureWarning,
+                  stacklevel=3)
+
+
+def memory_cached(device=None) -> int:
+    """Kept for scripts written for torch.cuda: memory_reserved()."""
+    _renamed("memory_cached", "memory_reserved")
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Kept for scripts written for torch.cuda: max_memory_reserved()."""
+    _renamed("max_memory_cached", "max_memory_reserved")
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """Kept for scripts written for torch.cuda: resets every peak, as
+    reset_peak_memory_stats does."""
+    warnings.warn("torch.flagos.reset_max_memory_cached resets all peak memory statistics: "
+                  "call torch.flagos.reset_peak_memory_stats", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
 def _format_bytes(n: int) -> str:
     if abs(n) < 1024:
         return f"{n} B"
