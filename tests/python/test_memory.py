@@ -40,13 +40,19 @@ import torch, torch_fl
 MiB = 1 << 20
 assert torch.flagos.mem_get_info()[1] == 64 * MiB, torch.flagos.mem_get_info()
 
+
+def expect_oom(label, make, why):  # prints the first line of make()'s OutOfMemoryError
+    try:
+        make()
+    except torch.OutOfMemoryError as e:
+        print(label + ":", str(e).splitlines()[0])
+    else:
+        raise SystemExit(why + " did not raise")
+
+
 # 1. a plain allocation larger than the device
-try:
-    torch.empty(128 * MiB, dtype=torch.uint8, device="flagos")
-except torch.OutOfMemoryError as e:
-    print("OOM1:", str(e).splitlines()[0])
-else:
-    raise SystemExit("128 MiB on a 64 MiB device did not raise")
+expect_oom("OOM1", lambda: torch.empty(128 * MiB, dtype=torch.uint8, device="flagos"),
+           "128 MiB on a 64 MiB device")
 assert torch.flagos.memory_stats()["num_ooms"] >= 1
 
 # 2. the device still works afterwards
@@ -62,12 +68,7 @@ print("RECOVERED")
 
 # 3. an op whose *result* does not fit raises OOM too, not a crash
 x = torch.ones(40 * MiB // 4, device="flagos")
-try:
-    x + 1
-except torch.OutOfMemoryError as e:
-    print("OOM2:", str(e).splitlines()[0])
-else:
-    raise SystemExit("a 40 MiB result next to a 40 MiB input fit in 64 MiB")
+expect_oom("OOM2", lambda: x + 1, "a 40 MiB result next to a 40 MiB input in 64 MiB")
 assert float(x[0]) == 1.0
 del x
 torch.flagos.empty_cache()
@@ -94,12 +95,8 @@ torch.flagos.set_per_process_memory_fraction(0.25, "flagos:1")  # 16 MiB of 64
 assert torch.flagos.get_per_process_memory_fraction(1) == 0.25
 assert torch.flagos.get_per_process_memory_fraction(0) == 1.0
 a = torch.empty(10 * MiB, dtype=torch.uint8, device="flagos:1")
-try:
-    torch.empty(10 * MiB, dtype=torch.uint8, device="flagos:1")
-except torch.OutOfMemoryError as e:
-    print("OOM3:", str(e).splitlines()[0])
-else:
-    raise SystemExit("20 MiB fit under a 16 MiB fraction")
+expect_oom("OOM3", lambda: torch.empty(10 * MiB, dtype=torch.uint8, device="flagos:1"),
+           "20 MiB under a 16 MiB fraction")
 assert int(a.fill_(7)[-1]) == 7
 del a  # cached: 10 MiB still reserved, released to make room below
 b = torch.empty(12 * MiB, dtype=torch.uint8, device="flagos:1")
