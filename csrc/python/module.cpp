@@ -35,11 +35,11 @@ namespace {
 using runtime::device_allocator;
 
 // Runs `f`, turning C++ errors into the Python exceptions torch users expect
-// (IndexError, ValueError, torch.OutOfMemoryError, RuntimeError).
+// (ValueError, torch.OutOfMemoryError, RuntimeError).
 // A Python int as a device index: values outside DeviceIndex's range are
 // rejected here rather than wrapped into a different, valid-looking index.
 c10::DeviceIndex to_index(int d) {
-  TORCH_CHECK_INDEX(d >= -1 && d <= std::numeric_limits<c10::DeviceIndex>::max(),
+  TORCH_CHECK(d >= -1 && d <= std::numeric_limits<c10::DeviceIndex>::max(),
                     "flagos device index ", d, " is out of range");
   return static_cast<c10::DeviceIndex>(d);
 }

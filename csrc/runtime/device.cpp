@@ -63,7 +63,7 @@ void check_device_index(c10::DeviceIndex index) {
   if (std::string(driver().name()) == "host") {
     msg += " (the host driver's count is set by FLAGOS_HOST_DEVICES)";
   }
-  TORCH_CHECK_INDEX(false, msg);
+  TORCH_CHECK(false, msg);
 }
 
 c10::DeviceIndex resolve_device(c10::DeviceIndex index) {

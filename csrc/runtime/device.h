@@ -19,7 +19,8 @@ inline hal::Driver& driver() { return hal::selected_driver(); }
 
 c10::DeviceIndex device_count() noexcept;
 
-// Throws c10::IndexError naming the index and the valid range.
+// Throws c10::Error (RuntimeError, as CUDA and PyTorch's reference backend
+// raise for a bad ordinal) naming the index and the valid range.
 void check_device_index(c10::DeviceIndex index);
 
 c10::DeviceIndex current_device();

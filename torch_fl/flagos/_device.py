@@ -39,10 +39,10 @@ def _device_index(device, optional: bool = True) -> int:
     if index < 0:
         if optional and index == -1:
             return -1
-        raise IndexError(f"flagos device index {index} is negative")
+        raise RuntimeError(f"flagos device index {index} is negative")
     count = device_count()
     if index >= count:
-        raise IndexError(
+        raise RuntimeError(
             f"flagos device index {index} is out of range: this process has {count} "
             f"flagos device(s), valid indices are 0..{count - 1}"
         )
