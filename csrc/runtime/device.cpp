@@ -24,9 +24,11 @@ void on_fork_child() {
 void lazy_init() {
   if (g_initialized.load(std::memory_order_acquire)) {
     TORCH_CHECK(!g_in_bad_fork.load(),
-                "Cannot re-initialize flagos in forked subprocess (the parent had "
-                "initialised it). To use flagos with multiprocessing, you must use "
-                "the 'spawn' start method: torch.multiprocessing.set_start_method('spawn').");
+                // CUDA's words, with flagos for CUDA.
+                "Cannot re-initialize flagos in forked subprocess. To use flagos with "
+                "multiprocessing, you must use the 'spawn' start method "
+                "(torch.multiprocessing.set_start_method('spawn')): the parent process had "
+                "initialised flagos before it forked.");
     return;
   }
   static std::once_flag once;
@@ -57,9 +59,11 @@ void check_device_index(c10::DeviceIndex index) {
   if (index >= 0 && index < n) return;
   // Built as a std::string first: the message is assembled once, off the
   // hot path, with nothing but standard string operations.
-  std::string msg = "flagos device index " + std::to_string(static_cast<int>(index)) +
-                    " is out of range: this process has " + std::to_string(n) +
-                    " flagos device(s), valid indices are 0.." + std::to_string(n - 1);
+  // Opens with the words of PyTorch's reference backend (torch_openreg).
+  std::string msg = "The device index is out of range: flagos device index " +
+                    std::to_string(static_cast<int>(index)) + " does not exist; this process has " +
+                    std::to_string(n) + " flagos device(s), valid indices are 0.." +
+                    std::to_string(n - 1);
   if (std::string(driver().name()) == "host") {
     msg += " (the host driver's count is set by FLAGOS_HOST_DEVICES)";
   }

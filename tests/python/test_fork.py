@@ -23,7 +23,9 @@ from torch.utils.data import DataLoader, Dataset
 pytestmark = pytest.mark.host_only
 
 CHILD_TIMEOUT_S = 60
-FORK_MESSAGE = "Cannot re-initialize flagos in forked subprocess"
+# CUDA's words, with flagos for CUDA (PyTorch's reference backend tests them too).
+FORK_MESSAGE = ("Cannot re-initialize flagos in forked subprocess. To use flagos with "
+                "multiprocessing, you must use the 'spawn' start method")
 
 
 def run_in_forked_child(fn):

@@ -43,8 +43,8 @@ def _device_index(device, optional: bool = True) -> int:
     count = device_count()
     if index >= count:
         raise RuntimeError(
-            f"flagos device index {index} is out of range: this process has {count} "
-            f"flagos device(s), valid indices are 0..{count - 1}"
+            f"The device index is out of range: flagos device index {index} does not exist; "
+            f"this process has {count} flagos device(s), valid indices are 0..{count - 1}"
         )
     return index
 
