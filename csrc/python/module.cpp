@@ -40,7 +40,7 @@ using runtime::device_allocator;
 // rejected here rather than wrapped into a different, valid-looking index.
 c10::DeviceIndex to_index(int d) {
   TORCH_CHECK(d >= -1 && d <= std::numeric_limits<c10::DeviceIndex>::max(),
-                    "flagos device index ", d, " is out of range");
+              "flagos device index ", d, " is out of range");
   return static_cast<c10::DeviceIndex>(d);
 }
 

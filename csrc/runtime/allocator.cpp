@@ -199,7 +199,7 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
                                           c10::DeviceType label) {
   lazy_init();
   TORCH_CHECK(device >= 0 && device < device_count(),
-                    "flagos allocation on invalid device ", static_cast<int>(device));
+              "flagos allocation on invalid device ", static_cast<int>(device));
   // The cuda driver's memory is PyTorch's CUDA caching allocator: one pool
   // for flagos and torch.cuda, and CUDA kernels' outputs are flagos memory.
   if (uses_cuda()) return cuda::allocate(device, nbytes);
