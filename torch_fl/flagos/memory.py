@@ -59,11 +59,16 @@ def memory_stats_as_nested_dict(device=None) -> dict:
     return nested
 
 
+def _deprecated(message: str) -> None:
+    """torch.cuda's FutureWarning for a name kept for old scripts, pointing at the caller."""
+    warnings.warn(f"torch.flagos.{message}", FutureWarning, stacklevel=3)
+
+
 def reset_max_memory_allocated(device=None) -> None:
     """Kept for scripts written for torch.cuda: resets every peak, as
     reset_peak_memory_stats does."""
-    warnings.warn("torch.flagos.reset_max_memory_allocated resets all peak memory statistics: "
-                  "call torch.flagos.reset_peak_memory_stats", FutureWarning, stacklevel=2)
+    _deprecated("reset_max_memory_allocated resets all peak memory statistics: "
+                "call torch.flagos.reset_peak_memory_stats")
     reset_peak_memory_stats(device)
 
 
@@ -73,10 +78,9 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     torch.OutOfMemoryError, as with torch.cuda's. 1.0 lifts the cap. On the cuda driver
     flagos and torch.cuda share one caching allocator, so this is torch.cuda's fraction for
     the same GPU."""
+    # The range (NaN included) is checked once, in C++, where _C callers meet it too.
     if not isinstance(fraction, float):
         raise TypeError(f"the memory fraction must be a float, not {type(fraction).__name__}")
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"invalid memory fraction {fraction}: the allowed range is 0 to 1")
     _C._set_memory_fraction(fraction, _device_index(device))
 
 
@@ -85,28 +89,23 @@ def get_per_process_memory_fraction(device=None) -> float:
     return _C._memory_fraction(_device_index(device))
 
 
-def _renamed(old: str, new: str) -> None:
-    warnings.warn(f"torch.flagos.{old} has been renamed to torch.flagos.{new}", FutureWarning,
-                  stacklevel=3)
-
-
 def memory_cached(device=None) -> int:
     """Kept for scripts written for torch.cuda: memory_reserved()."""
-    _renamed("memory_cached", "memory_reserved")
+    _deprecated("memory_cached has been renamed to torch.flagos.memory_reserved")
     return memory_reserved(device)
 
 
 def max_memory_cached(device=None) -> int:
     """Kept for scripts written for torch.cuda: max_memory_reserved()."""
-    _renamed("max_memory_cached", "max_memory_reserved")
+    _deprecated("max_memory_cached has been renamed to torch.flagos.max_memory_reserved")
     return max_memory_reserved(device)
 
 
 def reset_max_memory_cached(device=None) -> None:
     """Kept for scripts written for torch.cuda: resets every peak, as
     reset_peak_memory_stats does."""
-    warnings.warn("torch.flagos.reset_max_memory_cached resets all peak memory statistics: "
-                  "call torch.flagos.reset_peak_memory_stats", FutureWarning, stacklevel=2)
+    _deprecated("reset_max_memory_cached resets all peak memory statistics: "
+                "call torch.flagos.reset_peak_memory_stats")
     reset_peak_memory_stats(device)
 
 
