@@ -34,8 +34,6 @@ namespace {
 
 using runtime::device_allocator;
 
-// Runs `f`, turning C++ errors into the Python exceptions torch users expect
-// (ValueError, torch.OutOfMemoryError, RuntimeError).
 // A Python int as a device index: values outside DeviceIndex's range are
 // rejected here rather than wrapped into a different, valid-looking index.
 c10::DeviceIndex to_index(int d) {
@@ -44,6 +42,8 @@ c10::DeviceIndex to_index(int d) {
   return static_cast<c10::DeviceIndex>(d);
 }
 
+// Runs `f`, turning C++ errors into the Python exceptions torch users expect
+// (ValueError, torch.OutOfMemoryError, RuntimeError).
 template <typename F>
 auto guarded(F&& f) {
   HANDLE_TH_ERRORS
