@@ -1,7 +1,8 @@
 """torch.compile on flagos (docs/compile.md).
 
-Every test compiles with plain ``torch.compile`` (Inductor, no flagos-specific
-backend name) and compares against eager flagos, with explicit tolerances:
+Every test but the ``backend="flagos"`` ones compiles with plain
+``torch.compile`` (Inductor) and compares against eager flagos, with explicit
+tolerances:
 Inductor fuses and reorders float arithmetic, so compiled and eager results
 differ in the last bits. On the host driver the generated C++ kernels are the
 CPU's, so compiled flagos equals compiled CPU bit for bit; on the cuda driver
@@ -55,7 +56,19 @@ y = torch.compile(lambda t: (t * 2).sin().sum(-1))(x)
 torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin().sum(-1), rtol=1e-5, atol=1e-5)
 from torch._inductor.codegen.common import get_scheduling_for_device
 from torch._dynamo.device_interface import get_interface_for_device
+from torch._dynamo import list_backends
+assert "flagos" in list_backends(), list_backends()
 print(get_scheduling_for_device("flagos").__name__, get_interface_for_device("flagos").__name__)
+"""
+
+# Dynamo imported before torch_fl (autoload off): the backend name is
+# registered at once, since the registry's import is past.
+_DYNAMO_FIRST_CHILD = """
+import torch
+import torch._dynamo
+import torch_fl
+assert "flagos" in torch._dynamo.list_backends(), torch._dynamo.list_backends()
+print("registered")
 """
 
 
@@ -71,6 +84,12 @@ def test_plain_compile_works_after_import_and_registers_lazily(lazy_child):
     assert rc == 0, err[-3000:]
     scheduling = "FlagosTritonScheduling" if ON_CUDA else "FlagosCppScheduling"
     assert out.split() == [scheduling, "FlagosInterface"], out
+
+
+def test_backend_name_registered_when_dynamo_was_imported_first(run_py):
+    rc, out, err = run_py(_DYNAMO_FIRST_CHILD, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert rc == 0, err[-3000:]
+    assert out.split() == ["registered"], out
 
 
 # --- shared workloads -----------------------------------------------------------
@@ -121,6 +140,26 @@ def test_compiled_module_matches_eager(compiled_module, module_run):
         torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL)
         x2 = randn(4, 8, 32, seed=2)  # same shapes, fresh values: no recompile needed
         torch.testing.assert_close(compiled(x2).cpu(), module(x2).cpu(), **TOL)
+
+
+def test_flagos_backend_is_inductor_bit_for_bit(compiled_module, module_run):
+    module, _ = compiled_module
+    x, out, code = module_run
+    with torch.no_grad():
+        named, named_codes = run_and_get_code(torch.compile(module, backend="flagos"), x)
+    assert torch.equal(named.cpu(), out.cpu())
+    assert kernel_code(named_codes) == code
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="fastest"), "Unrecognized mode=fastest, should be one of: default"),
+    (dict(options={"no_such_option": 1}), "Unexpected optimization option no_such_option"),
+    (dict(options={"max_autotune": "yes"}), "Unexpected type of attr max_autotune"),
+])
+def test_flagos_backend_passes_mode_and_options_to_inductor(kwargs, message):
+    fn = torch.compile(lambda t: t * 3 - 1, backend="flagos", **kwargs)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=message):
+        fn(randn(5, seed=3))
 
 
 def test_reduction_fuses_with_pointwise_and_matmuls_stay_extern(module_run):
@@ -354,7 +393,8 @@ def test_cuda_compiled_flagos_equals_compiled_cuda_with_all_cuda_routing():
 
 
 @pytest.mark.cuda
-def test_cuda_reduce_overhead_captures_and_replays_like_default_mode():
+@pytest.mark.parametrize("backend", ["inductor", "flagos"])
+def test_cuda_reduce_overhead_captures_and_replays_like_default_mode(backend):
     from torch_fl.compile import cudagraphs
 
     cache = torch.zeros(16, 64, device="flagos")
@@ -366,7 +406,7 @@ def test_cuda_reduce_overhead_captures_and_replays_like_default_mode():
         cache.index_copy_(0, pos, h)
         return torch.softmax(h @ cache.T, dim=-1)
 
-    graphed = torch.compile(step, mode="reduce-overhead")
+    graphed = torch.compile(step, backend=backend, mode="reduce-overhead")
     plain = torch.compile(step, mode="default")
     before = dict(cudagraphs.counters)
     outs, refs = [], []

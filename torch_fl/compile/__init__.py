@@ -6,6 +6,8 @@ only arranges for the registrations to happen when PyTorch first needs them:
 
 - Dynamo's device interface, right after ``torch._dynamo.device_interface``
   is imported (Dynamo has no lazy hook for a PrivateUse1 device);
+- the ``flagos`` backend name (``torch.compile(backend="flagos")``, backend.py),
+  right after Dynamo's backend registry is imported;
 - on the cuda driver, the GPU-type entry Inductor's ``is_gpu`` reads, right
   after ``torch._inductor.utils`` is imported;
 - Inductor's backend (scheduling, wrapper, device op overrides), when Inductor
@@ -33,6 +35,12 @@ def _register_dynamo_interface() -> None:
     register_interface_for_device("flagos", FlagosInterface)
     for i in range(flagos.device_count()):
         register_interface_for_device(f"flagos:{i}", FlagosInterface)
+
+
+def _register_dynamo_backend() -> None:
+    from . import backend
+
+    backend.register()
 
 
 def _register_gpu_type() -> None:
@@ -105,7 +113,10 @@ def install() -> None:
     """Arranges the lazy registrations; cheap and idempotent."""
     from .. import _C
 
-    after_import = {"torch._dynamo.device_interface": _register_dynamo_interface}
+    after_import = {
+        "torch._dynamo.device_interface": _register_dynamo_interface,
+        "torch._dynamo.backends.registry": _register_dynamo_backend,
+    }
     if _C._driver_name() == "cuda":
         after_import["torch._inductor.utils"] = _register_gpu_type
     with _lock:
