@@ -18,17 +18,24 @@ c10::Device native_device_of(const c10::StorageImpl& storage) {
 
 // PyTorch's own storage constructors for flagos (torch.UntypedStorage(n,
 // device="flagos"), deserialisation) come here: flagos storages always carry
-// a twin. A null data pointer means "allocate".
+// a twin. A null data pointer means "allocate", also for zero bytes: PyTorch
+// passes a default DataPtr, which is labelled CPU, and the storage's device
+// is its DataPtr's (an empty flagos tensor saved, loaded or deep-copied
+// must stay on flagos).
 c10::intrusive_ptr<c10::StorageImpl> create_storage(c10::StorageImpl::use_byte_size_t,
                                                     c10::SymInt size_bytes,
                                                     c10::DataPtr data_ptr,
                                                     c10::Allocator* allocator,
                                                     bool resizable) {
   const size_t nbytes = static_cast<size_t>(size_bytes.expect_int());
-  if (data_ptr.get() == nullptr && nbytes > 0) {
-    TORCH_CHECK(allocator != nullptr, "flagos: a storage of ", nbytes,
-                " bytes needs an allocator or memory");
-    data_ptr = allocator->allocate(nbytes);
+  if (data_ptr.get() == nullptr) {
+    if (allocator != nullptr) {
+      data_ptr = allocator->allocate(nbytes);
+    } else {
+      TORCH_CHECK(nbytes == 0, "flagos: a storage of ", nbytes,
+                  " bytes needs an allocator or memory");
+      data_ptr = c10::DataPtr(nullptr, c10::Device(kFlagos, current_device()));
+    }
   }
   return c10::make_intrusive<FlagosStorage>(c10::StorageImpl::use_byte_size_t(),
                                             std::move(size_bytes), std::move(data_ptr),

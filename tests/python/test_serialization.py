@@ -161,3 +161,38 @@ def test_weights_only_load_of_flagos_tensors():
     loaded = torch.load(save_to_bytes({"w": ref.to(LAST)}), weights_only=True)
     assert loaded["w"].device == LAST
     assert torch.equal(loaded["w"].cpu(), ref)
+
+
+# --- empty tensors (zero-byte storages) ----------------------------------------------
+
+
+def test_zero_byte_storage_made_by_pytorch_is_on_flagos():
+    # PyTorch's storage constructor hands a zero-byte request a CPU-labelled
+    # null pointer; the storage must still be flagos'.
+    assert torch.UntypedStorage(0, device=LAST).device == LAST
+    assert torch.empty(0, device=LAST).untyped_storage().clone().device == LAST
+
+
+def test_empty_tensor_round_trips_on_its_device():
+    for shape in [(0,), (0, 3), (2, 0, 5)]:
+        loaded = torch.load(save_to_bytes(torch.empty(shape, device=LAST)))
+        assert loaded.device == LAST and loaded.shape == shape
+    ckpt = {"empty": torch.empty(0), "w": torch.randn(2)}
+    loaded = torch.load(save_to_bytes(ckpt), map_location=str(LAST))
+    assert {k: v.device for k, v in loaded.items()} == {"empty": LAST, "w": LAST}
+    assert torch.equal(loaded["w"].cpu(), ckpt["w"])
+
+
+def test_deepcopy_of_module_with_empty_buffer_stays_on_flagos():
+    import copy
+
+    m = nn.Linear(4, 3)
+    m.register_buffer("mask", torch.empty(0))
+    m.to(LAST)
+    c = copy.deepcopy(m)
+    assert c.mask.device == LAST and c.mask.shape == (0,)
+    assert c.weight.device == LAST and torch.equal(c.weight.cpu(), m.weight.cpu())
+    target = nn.Linear(4, 3)
+    target.register_buffer("mask", torch.empty(0))
+    target.load_state_dict(m.state_dict(), assign=True)
+    assert target.mask.device == LAST
