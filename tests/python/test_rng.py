@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_fl
+
 
 @pytest.fixture(autouse=True)
 def restore_rng_and_device():
@@ -174,6 +176,33 @@ def test_generator_state_round_trip():
     clone = torch.Generator(device="flagos")
     clone.set_state(s)
     assert torch.equal(torch.randn(8, device="flagos", generator=clone).cpu(), a)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_generator_copies_continue_its_stream(how):
+    import copy
+    import pickle
+
+    g = torch.Generator(device="flagos").manual_seed(91)
+    torch.randn(5, device="flagos", generator=g)
+    c = copy.deepcopy(g) if how == "deepcopy" else pickle.loads(pickle.dumps(g))
+    assert c.device == g.device and c.initial_seed() == 91
+    a = torch.randn(8, device="flagos", generator=g).cpu()
+    assert torch.equal(torch.randn(8, device="flagos", generator=c).cpu(), a)
+    d = copy.deepcopy(torch.flagos.default_generators[0])
+    assert d.device == torch.device("flagos", 0)
+
+
+def test_generator_offset_where_the_native_generator_has_one():
+    g = torch.Generator(device="flagos").manual_seed(5)
+    if torch_fl.driver() == "cuda":  # CUDA's Philox generator: an offset
+        g.set_offset(16)
+        assert g.get_offset() == 16
+        return
+    for call in (lambda: g.get_offset(), lambda: g.set_offset(16)):
+        with pytest.raises(RuntimeError, match=r"does not support [gs]et_offset on the host driver"
+                           r".*CPU's generator .*get_state\(\) and set_state\(\)"):
+            call()
 
 
 def test_generator_drives_bernoulli_dropout_mask():

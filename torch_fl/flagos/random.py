@@ -1,5 +1,7 @@
 """Random number generation on flagos devices (shaped like torch.cuda.random)."""
 
+import copyreg
+
 import torch
 
 from .. import _C
@@ -71,3 +73,23 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     return _generator(None).initial_seed()
+
+
+def _reduce_generator(g: torch.Generator):
+    """Pickles (and deep-copies) a host-driver flagos generator as the CPU's is pickled.
+
+    ``torch.Generator.__reduce__`` saves an offset for every generator not on
+    the CPU, since CUDA's Philox generator has one. The host driver's flagos
+    generator draws from the CPU's generator, whose state is all there is:
+    asking it for an offset raises. Its reduction is therefore the CPU's, an
+    offset of None, which ``__setstate__`` skips. Every other generator keeps
+    PyTorch's reduction.
+    """
+    if g.device.type == "flagos" and _C._driver_name() == "host":
+        return (torch.Generator, (g.device,), (g.initial_seed(), None, g.get_state()))
+    return g.__reduce__()
+
+
+def install_generator_pickling() -> None:
+    """Registers :func:`_reduce_generator` with copyreg, which pickle and deepcopy consult first."""
+    copyreg.pickle(torch.Generator, _reduce_generator)
