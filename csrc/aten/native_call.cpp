@@ -24,7 +24,8 @@ void NativeCall::finish_arguments() {
     if (index_list || (t->device_type() == c10::DeviceType::CPU && t->dim() == 0)) continue;
     TORCH_CHECK(false,
                 "Expected all tensors to be on the same device, but found at least two "
-                "devices, flagos and ", t->device(), "! (in ", op_.schema().operator_name(), ")");
+                "devices, ", c10::Device(runtime::kFlagos, device_), " and ", t->device(),
+                "! (in ", op_.schema().operator_name(), ")");
   }
 }
 

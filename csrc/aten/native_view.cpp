@@ -52,6 +52,13 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
   return at::Tensor(std::move(impl));
 }
 
+[[noreturn]] C10_NOINLINE void refuse_layout(const at::Tensor& native) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "a kernel returned a tensor of layout ", native.layout(),
+                              ", but flagos tensors are strided and dense. Keep sparse tensors "
+                              "on the CPU: make them there (e.g. .cpu().to_sparse()), or "
+                              "keep them dense on flagos.");
+}
+
 }  // namespace
 
 void release_storage_ref(void* ctx) {
@@ -241,6 +248,8 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;
+  // A sparse result has no storage to adopt (to_sparse(), to_sparse_csr()).
+  if (C10_UNLIKELY(native.layout() != c10::kStrided)) refuse_layout(native);
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
   const c10::DataPtr& dp = ns->data_ptr();
   // Our views' storages (twins, owned_) never own memory: a result in memory

@@ -441,7 +441,7 @@ UPSTREAM_META = pytest.mark.xfail(strict=True, reason=(
 F0 = "torch.ones(2, device='flagos')"
 FOREIGN_CASES = [
     # CPU tensors: only a 0-dim CPU tensor (a scalar) or a CPU index mixes in, as on CUDA
-    ("flagos + cpu", f"{F0} + torch.ones(2)", raises("RuntimeError", SAME_DEVICE, "cpu"), ()),
+    ("flagos + cpu", f"{F0} + torch.ones(2)", raises("RuntimeError", SAME_DEVICE, "flagos:0 and cpu"), ()),
     ("cpu + flagos", f"torch.ones(2) + {F0}", raises("RuntimeError", SAME_DEVICE, "cpu"), ()),
     ("flagos.add_(cpu)", f"{F0}.add_(torch.ones(2))", raises("RuntimeError", SAME_DEVICE, "cpu"), ()),
     ("cpu.add_(flagos)", f"torch.ones(2).add_({F0})", raises("RuntimeError", SAME_DEVICE, "cpu"), ()),
@@ -527,6 +527,13 @@ FOREIGN_CASES = [
      raises("NotImplementedError", "sparse COO", "strided", ".to_dense()"), ()),
     ("sparse csr(flagos).to_dense()", "torch.eye(3).to_sparse_csr().to('flagos').to_dense()",
      raises("NotImplementedError", "sparse compressed", ".to_dense()"), ()),
+    # a kernel's sparse result is refused with flagos' words, not "Cannot access storage"
+    ("flagos.to_sparse()", f"{F0}.to_sparse()",
+     raises("NotImplementedError", "layout Sparse", "strided and dense", ".cpu().to_sparse()"), ()),
+    ("flagos.to_sparse_csr()", "torch.eye(3, device='flagos').to_sparse_csr()",
+     raises("NotImplementedError", "layout SparseCsr", "strided and dense"), ()),
+    ("flagos.to_sparse(layout=csc)", "torch.eye(3, device='flagos').to_sparse(layout=torch.sparse_csc)",
+     raises("NotImplementedError", "layout SparseCsc", "strided and dense"), ()),
     # quantized: a quantized result is refused, never handed back without its quantizer
     ("quantize_per_tensor(flagos)",
      "torch.quantize_per_tensor(torch.ones(2, device='flagos'), 0.1, 0, torch.qint8)",
