@@ -42,6 +42,10 @@ _compile.install()
 distributed.register()
 # torch.multiprocessing: a clear error for flagos tensors, not a hung queue.
 flagos._sharing.install()
+# What PyTorch's Python layer gets wrong for a renamed PrivateUse1 device:
+# torch.from_dlpack's device query, and pickling the host driver's generators.
+flagos._dlpack.install()
+flagos.random.install_generator_pickling()
 
 from . import verify  # noqa: E402
 from . import tuning  # noqa: E402

@@ -877,3 +877,21 @@ def test_transformer_encoder_padding_mask_in_eval():
         got = dense.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
     assert got.device == DEV
     assert_same(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --- DLPack ------------------------------------------------------------------------------
+
+
+def test_dlpack_round_trips_and_shares_memory():
+    from torch.utils.dlpack import DLDeviceType
+
+    last = torch.flagos.device_count() - 1  # 1 with two devices
+    t = torch.randn(3, 5, device=f"flagos:{last}")[:, 1:4]
+    # What the capsule says: PyTorch's DLPack device of PrivateUse1.
+    assert t.__dlpack_device__() == (DLDeviceType.kDLExtDev, last)
+    for back in (torch.from_dlpack(t), torch.utils.dlpack.from_dlpack(t.__dlpack__())):
+        assert back.device == t.device and back.stride() == t.stride()
+        assert back.data_ptr() == t.data_ptr()
+        assert torch.equal(back.cpu(), t.cpu())
+    # Other devices keep PyTorch's answer.
+    assert torch.randn(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)

@@ -24,7 +24,7 @@ from ._device import (
     _is_in_bad_fork,
     _lazy_init,
 )
-from . import _sharing  # noqa: F401
+from . import _dlpack, _sharing  # noqa: F401
 from .amp import get_amp_supported_dtype
 from .graphs import (
     FlagosGraph,
