@@ -4,6 +4,7 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/bincount.h>
 
+#include "aten/host_sync_batch_norm.h"
 #include "aten/native_call.h"
 #include "aten/native_view.h"
 
@@ -66,7 +67,7 @@ HostKernel host_parity_kernel(const c10::OperatorHandle& op) {
   if (name.name == "aten::histc" && (name.overload_name.empty() || name.overload_name == "out")) {
     return &histc;
   }
-  return nullptr;
+  return sync_batch_norm_kernel(name);
 }
 
 }  // namespace torch_fl::aten

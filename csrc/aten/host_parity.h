@@ -8,7 +8,8 @@
 // runs on the native (CPU) views where the native provider would run the CPU
 // kernel, so routing, statistics and the dispatch log are unchanged; it
 // computes what CUDA's kernel computes for the inputs the CPU kernel refuses,
-// and hands every other call to the CPU kernel.
+// and hands every other call to the CPU kernel. Operators the CPU has no
+// kernel for at all (SyncBatchNorm's) get one here as well.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

@@ -471,6 +471,35 @@ def check_ddp(ref):
     assert logging.get("avg_backward_compute_time", 0) > 0, logging
 
 
+def bn_model():
+    torch.manual_seed(99)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4))
+
+
+def check_sync_batch_norm():
+    """SyncBatchNorm under DDP (its statistics and their gradients reduced
+    over the ranks) against BatchNorm over the whole batch in one process."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(bn_model()).to(DEVICE)
+    ddp = DDP(model, device_ids=[DEVICE.index])
+    train(ddp, ddp.parameters())
+    ref = bn_model().to(DEVICE)
+    opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        xs, ys = zip(*(batch(r, step) for r in range(WORLD)))
+        torch.nn.functional.mse_loss(ref(torch.cat(xs).to(DEVICE)),
+                                     torch.cat(ys).to(DEVICE)).backward()
+        opt.step()
+        opt.zero_grad()
+    expected = dict(ref.named_parameters()) | dict(ref.named_buffers())
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.device != DEVICE:
+            raise AssertionError(f"{name} left {DEVICE}")
+        close(name, t.float(), expected[name].detach().cpu().float(), tol=1e-5)
+
+
 def fsdp_model(mesh=None, device=None):
     """make_model() on `device` (default: this rank's), each Linear and the
     whole model fully_shard on `mesh` (None: fully_shard's default mesh)."""
@@ -538,6 +567,7 @@ def check_dtensor():
 def training():
     ref = reference_params()
     record("ddp", functools.partial(check_ddp, ref))
+    record("sync_batch_norm", check_sync_batch_norm)
     record("fsdp2_and_checkpoint", functools.partial(check_fsdp2, ref, os.path.join(OUT, "ckpt")))
     record("dtensor", check_dtensor)
 

@@ -194,6 +194,11 @@ def test_ddp_matches_single_process_training(jobs, world):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_sync_batch_norm_matches_batch_norm_over_the_whole_batch(jobs, world):
+    jobs[("main", world)].check("sync_batch_norm")
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_matches_single_process_training_and_checkpoint_round_trips(jobs, world):
     jobs[("main", world)].check("fsdp2_and_checkpoint")
 
@@ -262,7 +267,7 @@ def gpu_job():
 GPU_CHECKS = (
     ["group_backends"]
     + [f"all_reduce_{op}" for op in REDUCE_OPS if not op.startswith("B")]
-    + COLLECTIVES + ["ddp", "fsdp2_and_checkpoint", "dtensor"] + BAD_INPUT
+    + COLLECTIVES + ["ddp", "sync_batch_norm", "fsdp2_and_checkpoint", "dtensor"] + BAD_INPUT
 )
 
 

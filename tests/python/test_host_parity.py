@@ -5,6 +5,11 @@ Integer `histc` (Hugging Face's MoE layers count tokens per expert with it on
 any device but "cpu" and "mps"): flagos computes what CUDA's kernel does on
 both drivers, checked against a plain-Python transcription of CUDA's formula.
 Float `histc` stays the native kernel's.
+
+SyncBatchNorm's operators (``batch_norm_stats`` and friends), which only
+CUDA implements: on the host driver flagos computes them from ATen operators.
+Checked on both drivers against float64 references: the statistics of the
+whole batch, and autograd's gradient of ``batch_norm``.
 """
 
 import random
@@ -134,3 +139,106 @@ def test_mixture_of_experts_model_matches_the_cpu():
     (cl, cg, ct), (fl, fg, ft) = runs["cpu"], runs["flagos"]
     assert torch.equal(cl, fl) and torch.equal(ct, ft)
     assert len(cg) == len(fg) and all(torch.equal(a, b) for a, b in zip(cg, fg))
+
+
+# --- SyncBatchNorm's operators ----------------------------------------------------------
+
+TOL32 = dict(rtol=1e-5, atol=1e-5)
+
+
+def bn_input(seed, shape=(6, 5, 7), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+
+
+def stats64(x, dims=(0, 2)):
+    x = x.double()
+    return x.mean(dims), x.var(dims, correction=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_batch_norm_stats_are_the_batch_statistics(dtype):
+    x = bn_input(random.randrange(1 << 30), dtype=dtype)
+    mean, invstd = torch.batch_norm_stats(x.to("flagos"), 1e-5)
+    assert mean.device.type == "flagos" and mean.dtype == torch.float32  # float for half inputs
+    m, v = stats64(x)
+    torch.testing.assert_close(mean.cpu().double(), m, **TOL32)
+    torch.testing.assert_close(invstd.cpu().double(), (v + 1e-5).rsqrt(), **TOL32)
+
+
+def test_batch_norm_stats_of_a_constant_channel_without_eps_is_zero():
+    x = bn_input(1)
+    x[:, 2] = 3.0
+    _, invstd = torch.batch_norm_stats(x.to("flagos"), 0.0)
+    assert invstd[2].item() == 0.0 and torch.isfinite(invstd.cpu()).all()
+
+
+def test_gathered_statistics_are_those_of_the_whole_batch():
+    x = bn_input(random.randrange(1 << 30), shape=(12, 5, 3))
+    parts = [x[:4], x[4:6], x[6:]]  # replicas with 4, 2 and 6 samples
+    stats = [torch.batch_norm_stats(p.to("flagos"), 1e-5) for p in parts]
+    counts = torch.tensor([p.shape[0] * p.shape[2] for p in parts], dtype=torch.float32)
+    rm, rv = torch.rand(5), torch.rand(5) + 0.5
+    running_mean, running_var = rm.to("flagos"), rv.to("flagos")
+    mean, invstd = torch.batch_norm_gather_stats_with_counts(
+        x.to("flagos"), torch.stack([s[0] for s in stats]), torch.stack([s[1] for s in stats]),
+        running_mean, running_var, 0.1, 1e-5, counts.to("flagos"))
+    m, v = stats64(x)
+    n = counts.sum().double()
+    torch.testing.assert_close(mean.cpu().double(), m, **TOL32)
+    torch.testing.assert_close(invstd.cpu().double(), (v + 1e-5).rsqrt(), **TOL32)
+    torch.testing.assert_close(running_mean.cpu().double(), 0.9 * rm.double() + 0.1 * m, **TOL32)
+    torch.testing.assert_close(running_var.cpu().double(),
+                               0.9 * rv.double() + 0.1 * v * n / (n - 1), **TOL32)
+
+
+def test_gather_stats_with_one_count_for_every_replica():
+    x = bn_input(random.randrange(1 << 30), shape=(8, 5, 3))
+    stats = [torch.batch_norm_stats(p.to("flagos"), 1e-5) for p in (x[:4], x[4:])]
+    mean, invstd = torch.batch_norm_gather_stats(
+        x.to("flagos"), torch.stack([s[0] for s in stats]), torch.stack([s[1] for s in stats]),
+        None, None, 0.1, 1e-5, 12)
+    m, v = stats64(x)
+    torch.testing.assert_close(mean.cpu().double(), m, **TOL32)
+    torch.testing.assert_close(invstd.cpu().double(), (v + 1e-5).rsqrt(), **TOL32)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_elemt_normalises(affine):
+    x = bn_input(random.randrange(1 << 30))
+    w, b = (torch.rand(5) + 0.5, torch.randn(5)) if affine else (None, None)
+    on = (lambda t: None if t is None else t.to("flagos"))
+    mean, invstd = torch.batch_norm_stats(x.to("flagos"), 1e-5)
+    got = torch.batch_norm_elemt(x.to("flagos"), on(w), on(b), mean, invstd, 1e-5)
+    f64 = (lambda t: None if t is None else t.double())
+    want = torch.nn.functional.batch_norm(x.double(), None, None, f64(w), f64(b), training=True,
+                                          eps=1e-5)
+    assert got.dtype == x.dtype
+    torch.testing.assert_close(got.cpu().double(), want, **TOL32)
+    out = torch.empty(2, device="flagos")
+    with pytest.warns(UserWarning, match="resized"):
+        torch.batch_norm_elemt(x.to("flagos"), on(w), on(b), mean, invstd, 1e-5, out=out)
+    assert torch.equal(out.cpu(), got.cpu())
+
+
+def test_batch_norm_backward_is_autograds_gradient():
+    seed = random.randrange(1 << 30)
+    x, dy = bn_input(seed), bn_input(seed + 1)
+    w, b = torch.rand(5) + 0.5, torch.randn(5)
+    fx, fdy, fw = x.to("flagos"), dy.to("flagos"), w.to("flagos")
+    mean, invstd = torch.batch_norm_stats(fx, 1e-5)
+    sum_dy, sum_dy_xmu, grad_w, grad_b = torch.batch_norm_backward_reduce(
+        fdy, fx, mean, invstd, fw, True, True, True)
+    count = torch.tensor([x.shape[0] * x.shape[2]], dtype=torch.int32, device="flagos")
+    grad_x = torch.batch_norm_backward_elemt(fdy, fx, mean, invstd, fw, sum_dy, sum_dy_xmu, count)
+    # The reference: autograd through batch_norm over the same batch, in float64.
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    torch.nn.functional.batch_norm(x64, None, None, w64, b64, training=True, eps=1e-5).backward(
+        dy.double())
+    torch.testing.assert_close(grad_x.cpu().double(), x64.grad, **TOL32)
+    torch.testing.assert_close(grad_w.cpu().double(), w64.grad, **TOL32)
+    torch.testing.assert_close(grad_b.cpu().double(), b64.grad, **TOL32)
+    torch.testing.assert_close(sum_dy.cpu().double(), dy.double().sum((0, 2)), **TOL32)
+    # Flags off: those results are left out (None), as CUDA's are.
+    parts = torch.batch_norm_backward_reduce(fdy, fx, mean, invstd, None, True, False, False)
+    assert parts[0] is not None and parts[1] is not None and parts[2] is None and parts[3] is None
