@@ -141,7 +141,7 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
     } catch (c10::NotImplementedError& e) {
       TORCH_CHECK_NOT_IMPLEMENTED(
           false, op.schema().operator_name(), " has no ",
-          c10::toString(NativeViews::native_type()),
+          c10::DeviceTypeName(NativeViews::native_type()),
           " kernel for flagos to run on the '", runtime::driver().name(),
           "' driver. Native error: ", e.what_without_backtrace());
     }

@@ -534,6 +534,11 @@ FOREIGN_CASES = [
      raises("NotImplementedError", "layout SparseCsr", "strided and dense"), ()),
     ("flagos.to_sparse(layout=csc)", "torch.eye(3, device='flagos').to_sparse(layout=torch.sparse_csc)",
      raises("NotImplementedError", "layout SparseCsc", "strided and dense"), ()),
+    # an operator only CUDA implements, on the host driver: named with the CPU's backend name
+    ("cuda-only op on the host", "torch.ops.aten._cudnn_rnn_flatten_weight("
+     "[torch.ones(4, device='flagos')], 1, 4, 4, 4, 0, 1, False, False)",
+     raises("NotImplementedError", "_cudnn_rnn_flatten_weight has no CPU kernel for flagos",
+            "'host' driver"), ()),
     # quantized: a quantized result is refused, never handed back without its quantizer
     ("quantize_per_tensor(flagos)",
      "torch.quantize_per_tensor(torch.ones(2, device='flagos'), 0.1, 0, torch.qint8)",
