@@ -132,6 +132,15 @@ void release_cache(DevicePool& p, c10::DeviceIndex device) {
   p.free_blocks.clear();
 }
 
+// torch.profiler(profile_memory=True) records a memory event per allocation
+// and free, as for CUDA's caching allocator; without a profiler this is one
+// thread-local read. Caller holds p.mu.
+void report_to_profiler(const DevicePool& p, const Block& b, int64_t delta) {
+  c10::reportMemoryUsageToProfiler(
+      b.ptr, delta, static_cast<size_t>(p.stats.allocated_bytes[0].current),
+      static_cast<size_t>(p.stats.reserved_bytes[0].current), c10::Device(kFlagos, b.device));
+}
+
 // Caller holds p.mu.
 void free_block_locked(DevicePool& p, Block* b) {
   for_pool(b->size, [&](size_t i) {
@@ -141,6 +150,7 @@ void free_block_locked(DevicePool& p, Block* b) {
     p.stats.active_bytes[i].decrease(b->size);
     p.stats.requested_bytes[i].decrease(b->requested);
   });
+  report_to_profiler(p, *b, -static_cast<int64_t>(b->size));
   if (b->used_on.empty()) {
     p.free_blocks.insert(b);
     return;
@@ -269,6 +279,7 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     p.stats.active_bytes[i].increase(b->size);
     p.stats.requested_bytes[i].increase(nbytes);
   });
+  report_to_profiler(p, *b, static_cast<int64_t>(b->size));
   if (label != kFlagos) {
     p.raw.emplace(b->ptr, b);
     return c10::DataPtr(b->ptr, b->ptr, &free_raw, dev);

@@ -68,3 +68,25 @@ def test_profiling_twice_in_a_row_keeps_working(capfd):
         assert t.sum().item() == 8
         assert any(e.name == "aten::add_" for e in prof.function_events)
     _no_callback_errors(capfd)
+
+
+def test_profile_memory_counts_flagos_allocations(tmp_path):
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as kineto_profile
+
+    acts = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+    with kineto_profile(activities=acts, profile_memory=True) as prof:
+        a = torch.randn(256, 256, device="flagos")
+        b = a @ a
+        del a, b
+    events = {e.key: e for e in prof.key_averages()}
+    nbytes = 256 * 256 * 4
+    # Device memory, not host memory, for both operators' results.
+    for op in ("aten::randn", "aten::mm"):
+        assert events[op].device_memory_usage == nbytes, (op, events[op].device_memory_usage)
+        assert events[op].cpu_memory_usage == 0, (op, events[op].cpu_memory_usage)
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    memory = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    sizes = sorted(e["args"]["Bytes"] for e in memory)
+    assert sizes.count(nbytes) >= 2 and sizes.count(-nbytes) >= 2, sizes
