@@ -68,17 +68,32 @@ py::dict memory_stats(int device) {
       out[py::str(prefix + "freed")] = arr[p].freed;
     }
   };
+  auto add_stat = [&](const char* name, const c10::CachingAllocator::Stat& stat) {
+    const std::string prefix = std::string(name) + ".";
+    out[py::str(prefix + "current")] = stat.current;
+    out[py::str(prefix + "peak")] = stat.peak;
+    out[py::str(prefix + "allocated")] = stat.allocated;
+    out[py::str(prefix + "freed")] = stat.freed;
+  };
+  // Every key torch.cuda.memory_stats() has. The host driver's allocator never
+  // splits a block or keeps an oversize one, so those counters stay 0 there.
   add_array("allocation", stats.allocation);
   add_array("segment", stats.segment);
   add_array("active", stats.active);
+  add_array("inactive_split", stats.inactive_split);
   add_array("allocated_bytes", stats.allocated_bytes);
   add_array("reserved_bytes", stats.reserved_bytes);
   add_array("active_bytes", stats.active_bytes);
+  add_array("inactive_split_bytes", stats.inactive_split_bytes);
   add_array("requested_bytes", stats.requested_bytes);
+  add_stat("oversize_allocations", stats.oversize_allocations);
+  add_stat("oversize_segments", stats.oversize_segments);
   out["num_alloc_retries"] = stats.num_alloc_retries;
   out["num_ooms"] = stats.num_ooms;
+  out["num_sync_all_streams"] = stats.num_sync_all_streams;
   out["num_device_alloc"] = stats.num_device_alloc;
   out["num_device_free"] = stats.num_device_free;
+  out["max_split_size"] = stats.max_split_size;
   return out;
 }
 

@@ -252,9 +252,15 @@ def test_memory_stats_keys_and_consistency():
                 "reserved_bytes.all.current", "active_bytes.all.current",
                 "requested_bytes.all.current", "allocation.all.current",
                 "segment.all.current", "allocated_bytes.small_pool.current",
-                "allocated_bytes.large_pool.current", "num_ooms", "num_alloc_retries"):
+                "allocated_bytes.large_pool.current", "num_ooms", "num_alloc_retries",
+                # the rest of torch.cuda.memory_stats()'s keys
+                "inactive_split.all.current", "inactive_split_bytes.large_pool.peak",
+                "oversize_allocations.current", "oversize_segments.peak",
+                "num_sync_all_streams", "num_device_alloc", "num_device_free", "max_split_size"):
         assert key in stats, key
     assert list(stats) == sorted(stats)
+    if torch_fl.driver() == "cuda":  # the same allocator: the same keys
+        assert set(stats) == set(torch.cuda.memory_stats())
     assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated()
     assert stats["allocated_bytes.all.current"] == (
         stats["allocated_bytes.small_pool.current"] + stats["allocated_bytes.large_pool.current"])
