@@ -292,6 +292,32 @@ def test_autocast_is_available_for_flagos():
     assert torch.bfloat16 in torch.flagos.get_amp_supported_dtype()
 
 
+def test_autocast_to_float32_keeps_autocast_on_as_cuda_does():
+    # torch.autocast("cuda", dtype=torch.float32) is accepted; lower-precision
+    # operators then run in float32.
+    a = torch.randn(8, 8, device="flagos", dtype=torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("flagos", dtype=torch.float32):
+            assert torch.is_autocast_enabled("flagos")
+            out = torch.mm(a, a)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.cpu(), torch.mm(a.cpu().float(), a.cpu().float()),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_amp_names_for_flagos_warn_and_work():
+    x = torch.randn(4, 4, device="flagos")
+    with pytest.warns(FutureWarning, match=r"torch.amp.autocast\('flagos'"):
+        ctx = torch.flagos.amp.autocast(dtype=torch.bfloat16)
+    with ctx:
+        assert torch.mm(x, x).dtype == torch.bfloat16
+    with pytest.warns(FutureWarning, match=r"torch.amp.GradScaler\('flagos'"):
+        scaler = torch.flagos.amp.GradScaler(init_scale=8.0)
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() == 8.0
+    assert scaler.scale(torch.ones(2, device="flagos")).device.type == "flagos"
+
+
 def test_autocast_matmul_and_linear_run_in_bfloat16():
     a = torch.randn(8, 16, device="flagos")
     b = torch.randn(16, 4, device="flagos")

@@ -454,3 +454,12 @@ def test_module_to_flagos_keeps_tied_weights():
     assert model[0].weight is param and param.device.type == "flagos"  # optimizers keep it
     model.to("cpu")
     assert model[1].weight is model[0].weight is param and param.device.type == "cpu"
+
+
+def test_cuda_names_a_ported_script_uses():
+    assert torch.flagos.OutOfMemoryError is torch.OutOfMemoryError
+    last = torch.flagos.device_count() - 1
+    want = torch.cuda.can_device_access_peer(0, last) if torch_fl.driver() == "cuda" else last != 0
+    assert torch.flagos.can_device_access_peer(0, f"flagos:{last}") is want
+    with pytest.raises(RuntimeError, match="device index is out of range"):
+        torch.flagos.can_device_access_peer(0, last + 1)

@@ -7,6 +7,7 @@ import torch
 
 from .. import _C
 from ._device import (
+    can_device_access_peer,
     current_device,
     device,
     device_count,
@@ -25,6 +26,7 @@ from ._device import (
     _lazy_init,
 )
 from . import _dlpack, _sharing  # noqa: F401
+from . import amp  # noqa: F401  (torch.flagos.amp.autocast / GradScaler, as torch.cuda.amp)
 from .amp import get_amp_supported_dtype
 from .graphs import (
     FlagosGraph,
@@ -100,12 +102,17 @@ def _inductor_backend_init() -> None:
     inductor_backend()
 
 
+# torch.cuda.OutOfMemoryError is this same class; flagos raises it when out of memory.
+OutOfMemoryError = torch.OutOfMemoryError
+
 __all__ = [
+    "OutOfMemoryError",
     "Event",
     "FlagosDeviceProperties",
     "FlagosGraph",
     "Stream",
     "StreamContext",
+    "can_device_access_peer",
     "current_device",
     "current_stream",
     "default_generators",

@@ -128,6 +128,18 @@ def get_device_capability(device=None) -> tuple:
         "torch.accelerator.get_device_capability('flagos') lists its supported dtypes")
 
 
+def can_device_access_peer(device, peer_device) -> bool:
+    """Whether ``device`` can read another device's memory directly: the GPUs'
+    answer on the cuda driver; on the host driver every device's memory is
+    host memory, so any other device can. A device is not its own peer (as
+    CUDA answers)."""
+    index = _device_index(device, optional=False)
+    peer = _device_index(peer_device, optional=False)
+    if _on_cuda():
+        return torch.cuda.can_device_access_peer(index, peer)
+    return index != peer
+
+
 def current_device() -> int:
     return _C._current_device()
 

@@ -1,7 +1,41 @@
-"""What torch.autocast("flagos") may cast to."""
+"""Automatic mixed precision on flagos: what torch.autocast("flagos") may cast to,
+and torch.cuda.amp's deprecated class names for scripts ported from CUDA."""
+
+import warnings
 
 import torch
 
 
 def get_amp_supported_dtype():
-    return [torch.float16, torch.bfloat16]
+    """The dtypes torch.autocast("flagos", dtype=...) accepts.
+
+    torch.autocast("cuda") checks no dtype, and programs pass float32 to keep
+    autocast's structure at full precision; any other dtype is refused by
+    PyTorch with a warning naming these.
+    """
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"`torch.flagos.amp.{old}(args...)` is deprecated. Please use "
+                  f"`torch.amp.{new}('flagos', args...)` instead.", FutureWarning, stacklevel=3)
+
+
+class autocast(torch.amp.autocast):
+    """``torch.amp.autocast("flagos", ...)`` under torch.cuda.amp's old name (deprecated)."""
+
+    def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16,
+                 cache_enabled: bool = True):
+        _deprecated("autocast", "autocast")
+        super().__init__("flagos", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler("flagos", ...)`` under torch.cuda.amp's old name (deprecated)."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+        _deprecated("GradScaler", "GradScaler")
+        super().__init__("flagos", init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval,
+                         enabled=enabled)
