@@ -17,10 +17,9 @@ only arranges for the registrations to happen when PyTorch first needs them:
 Plain ``torch.compile(fn)`` then works with no user action.
 """
 
-import importlib.abc
-import sys
 import threading
-import warnings
+
+from .. import _import_hooks
 
 _lock = threading.RLock()
 _backend = None  # the registered Inductor backend (a module), once registered
@@ -49,66 +48,6 @@ def _register_gpu_type() -> None:
     _compat.add_gpu_type("flagos")
 
 
-_pending = {}  # module name -> what to register once that module has been executed
-
-
-def _run(name: str) -> None:
-    callback = _pending.pop(name, None)
-    if callback is None:
-        return
-    if not _pending and _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
-    try:
-        callback()
-    except Exception as e:  # noqa: BLE001 - must not break torch's own import
-        warnings.warn(
-            f"torch_fl could not register the flagos device with {name} ({type(e).__name__}: {e}); "
-            "torch.compile on flagos tensors will fail",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-
-class _RunAfterExec(importlib.abc.Loader):
-    """Executes a module with its own loader, then runs the registration for it."""
-
-    def __init__(self, loader, name: str):
-        self._loader = loader
-        self._name = name
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        # The module keeps its real loader (inspect and linecache ask it for
-        # source): only the execution passes through here.
-        module.__loader__ = self._loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        _run(self._name)
-
-
-class _AfterImportFinder(importlib.abc.MetaPathFinder):
-    """Finds watched modules with the other finders and wraps their loader."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _pending:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RunAfterExec(spec.loader, fullname)
-                return spec
-        return None
-
-
-_finder = _AfterImportFinder()
-
-
 def install() -> None:
     """Arranges the lazy registrations; cheap and idempotent."""
     from .. import _C
@@ -119,15 +58,8 @@ def install() -> None:
     }
     if _C._driver_name() == "cuda":
         after_import["torch._inductor.utils"] = _register_gpu_type
-    with _lock:
-        for name, callback in after_import.items():
-            if name in sys.modules:
-                _pending[name] = callback
-                _run(name)
-            elif name not in _pending:
-                _pending[name] = callback
-        if _pending and _finder not in sys.meta_path:
-            sys.meta_path.insert(0, _finder)
+    for name, callback in after_import.items():
+        _import_hooks.after_import(name, callback, "torch.compile on flagos tensors will fail")
 
 
 def inductor_backend():
