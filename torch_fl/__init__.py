@@ -22,6 +22,7 @@ from . import flaggems  # noqa: E402
 from . import routing  # noqa: E402
 from . import compile as _compile  # noqa: E402
 from . import distributed  # noqa: E402
+from . import _distributed_checkpoint  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -40,6 +41,8 @@ routing.reload()
 # torch.compile: registers with Dynamo and Inductor when they are first used.
 _compile.install()
 distributed.register()
+# torch.distributed.checkpoint: flagos tensors copied to the CPU where CUDA is also present.
+_distributed_checkpoint.install()
 # torch.multiprocessing: a clear error for flagos tensors, not a hung queue.
 flagos._sharing.install()
 # What PyTorch's Python layer gets wrong for a renamed PrivateUse1 device:

@@ -276,3 +276,33 @@ GPU_CHECKS = (
 @pytest.mark.parametrize("name", GPU_CHECKS)
 def test_gpu(gpu_job, name):
     gpu_job.check(name)
+
+
+def test_checkpoint_writer_copies_flagos_tensors_when_another_device_type_is_first(monkeypatch):
+    # DCP's overlapping loader copies to the CPU only tensors of the first
+    # available device type: "cuda" on the cuda driver. Simulated here with a
+    # stand-in CUDA module; flagos tensors must still reach the writer on the CPU.
+    import contextlib
+    import types
+
+    import torch.distributed.checkpoint.filesystem as filesystem
+
+    class Stream:
+        def synchronize(self):
+            pass
+
+    stream = Stream()
+    cuda = types.SimpleNamespace(current_stream=lambda: stream,
+                                 stream=lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(filesystem, "_get_available_device_type", lambda: "cuda")
+    monkeypatch.setattr(filesystem, "_get_device_module", lambda device_type: cuda)
+    g = torch.Generator().manual_seed(7)
+    tensors = [torch.randn(3, generator=g).to("flagos"), torch.randn(2, 5, generator=g).to("flagos")[:, 1:4]]
+    loader = filesystem._OverlappingCpuLoader(lambda i: tensors[i])
+    assert loader.device_type == "cuda"
+    for i, t in enumerate(tensors):
+        loader.add(t.numel() * t.element_size(), i)
+    loader.start_loading()
+    got = {i: t for t, i in loader.values()}
+    for i, t in enumerate(tensors):
+        assert got[i].device.type == "cpu" and torch.equal(got[i], t.cpu())
