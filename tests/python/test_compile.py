@@ -323,6 +323,48 @@ def test_modes_match_eager_and_keep_earlier_results(mode):
         torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL, msg=f"call {i}")
 
 
+# --- convolutions: FakeTensors follow the native kernel's layout ------------------------
+
+
+def test_fake_convolution_layout_is_the_native_kernels():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    conv = nn.Conv2d(3, 8, 3).to("flagos")
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = randn(2, 3, 8, 8, seed=70).to(memory_format=fmt)
+        real = conv(x)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.aten.convolution(
+                mode.from_tensor(x), mode.from_tensor(conv.weight), mode.from_tensor(conv.bias),
+                [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        assert fake.stride() == real.stride(), fmt
+
+
+def test_compiled_channels_last_conv_keeps_its_layout():
+    conv = nn.Conv2d(3, 8, 3).to("flagos")
+    x = randn(2, 3, 8, 8, seed=71).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = conv(x).relu()
+        out = torch.compile(lambda t: conv(t).relu())(x)
+    assert out.stride() == ref.stride()
+    torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL)
+
+
+def test_freezing_with_channels_last_weights_runs(monkeypatch):
+    # Freezing's layout optimisation makes the weights channels_last; the
+    # compiled graph must expect the layout the convolution then returns.
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).to("flagos").eval()
+    x = randn(2, 3, 8, 8, seed=72)
+    with torch.no_grad():
+        ref = model(x)
+        out = torch.compile(model)(x)
+    torch.testing.assert_close(out.cpu(), ref.cpu(), **TOL)
+
+
 # --- FakeTensor metadata ----------------------------------------------------------
 
 

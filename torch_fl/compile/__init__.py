@@ -10,6 +10,9 @@ only arranges for the registrations to happen when PyTorch first needs them:
   right after Dynamo's backend registry is imported;
 - on the cuda driver, the GPU-type entry Inductor's ``is_gpu`` reads, right
   after ``torch._inductor.utils`` is imported;
+- the memory format FakeTensors predict for a flagos convolution, the native
+  device's (conv_layout.py), right after ``torch._subclasses.fake_impls`` is
+  imported;
 - Inductor's backend (scheduling, wrapper, device op overrides), when Inductor
   first asks the device module for it (``init_backend_registration`` reads
   ``torch.flagos.Scheduling`` and friends; see torch_fl/flagos/__init__.py).
@@ -48,6 +51,12 @@ def _register_gpu_type() -> None:
     _compat.add_gpu_type("flagos")
 
 
+def _match_conv_layouts() -> None:
+    from . import conv_layout
+
+    conv_layout.install_now()
+
+
 def install() -> None:
     """Arranges the lazy registrations; cheap and idempotent."""
     from .. import _C
@@ -55,6 +64,7 @@ def install() -> None:
     after_import = {
         "torch._dynamo.device_interface": _register_dynamo_interface,
         "torch._dynamo.backends.registry": _register_dynamo_backend,
+        "torch._subclasses.fake_impls": _match_conv_layouts,
     }
     if _C._driver_name() == "cuda":
         after_import["torch._inductor.utils"] = _register_gpu_type
