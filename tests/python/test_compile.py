@@ -326,18 +326,29 @@ def test_modes_match_eager_and_keep_earlier_results(mode):
 # --- convolutions: FakeTensors follow the native kernel's layout ------------------------
 
 
-def test_fake_convolution_layout_is_the_native_kernels():
+@pytest.mark.parametrize("mkldnn", [True, False], ids=["onednn", "no_onednn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_fake_convolution_layout_is_the_native_kernels(dtype, mkldnn):
+    # Each native backend's rule (oneDNN, slow2d on the CPU; cuDNN on CUDA),
+    # for the forward and the backward's gradients.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    conv = nn.Conv2d(3, 8, 3).to("flagos")
-    for fmt in (torch.contiguous_format, torch.channels_last):
-        x = randn(2, 3, 8, 8, seed=70).to(memory_format=fmt)
-        real = conv(x)
-        with FakeTensorMode() as mode:
-            fake = torch.ops.aten.convolution(
-                mode.from_tensor(x), mode.from_tensor(conv.weight), mode.from_tensor(conv.bias),
-                [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
-        assert fake.stride() == real.stride(), fmt
+    conv = nn.Conv2d(3, 8, 3).to("flagos", dtype)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    with torch.backends.mkldnn.flags(enabled=mkldnn):
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            x = randn(2, 3, 8, 8, seed=70, dtype=dtype).to(memory_format=fmt)
+            real = torch.ops.aten.convolution(x, conv.weight, conv.bias, *args)
+            grads = torch.ops.aten.convolution_backward(
+                real, x, conv.weight, [8], *args, [True, True, False])
+            with FakeTensorMode() as mode:
+                fx, fw, fb, fy = (mode.from_tensor(t) for t in (x, conv.weight, conv.bias, real))
+                fake = torch.ops.aten.convolution(fx, fw, fb, *args)
+                fake_grads = torch.ops.aten.convolution_backward(
+                    fy, fx, fw, [8], *args, [True, True, False])
+            assert fake.stride() == real.stride(), fmt
+            for g, f in zip(grads[:2], fake_grads[:2]):
+                assert f.stride() == g.stride(), fmt
 
 
 def test_compiled_channels_last_conv_keeps_its_layout():

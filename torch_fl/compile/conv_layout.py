@@ -12,11 +12,12 @@ weight gives a channels_last output on the CPU (oneDNN, slow2d) and on CUDA
 result (Inductor's freezing and layout optimisation make weights channels_last)
 and failed, and compiled channels_last models paid copies to contiguous.
 
-The wrapper below answers, for flagos tensors, the backend the native device
-would select. It asks PyTorch's own selection with stand-ins of the native
-device type (FakeTensors: no memory), and the backend's layout rule then reads
-the flagos tensors' own strides, so FakeTensors follow the kernel that runs.
-Any other tensor gets PyTorch's answer unchanged.
+The wrappers below ask both of PyTorch's functions, for flagos tensors, with
+stand-ins of the native device type that have the flagos tensors' sizes,
+strides and dtypes (FakeTensors: no memory): the backend the native device
+would select, and that backend's layout rule, some of which answer only for
+the native device type (slow2d's channels_last needs CPU tensors). FakeTensors
+then follow the kernel that runs. Any other tensor gets PyTorch's answer.
 """
 
 import functools
@@ -41,27 +42,28 @@ def _stand_in(t, mode, device):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
 
 
-def _wrap(select):
-    @functools.wraps(select)
-    def select_conv_backend(*args, **kwargs):
+def _wrap(fn):
+    @functools.wraps(fn)
+    def on_native_stand_ins(*args, **kwargs):
         tensors = list(args[:2]) + [kwargs.get("input"), kwargs.get("weight")]
         first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
         if first is None or first.device.type != "flagos":
-            return select(*args, **kwargs)
+            return fn(*args, **kwargs)
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
         mode = first.fake_mode if isinstance(first, FakeTensor) else FakeTensorMode()
         device = _native_device(first)
         args = tuple(_stand_in(a, mode, device) for a in args)
         kwargs = {k: _stand_in(v, mode, device) for k, v in kwargs.items()}
-        return select(*args, **kwargs)
+        return fn(*args, **kwargs)
 
-    select_conv_backend._flagos_wrapped = True
-    return select_conv_backend
+    on_native_stand_ins._flagos_wrapped = True
+    return on_native_stand_ins
 
 
 def install_now() -> None:
-    """Wraps ``torch._C._select_conv_backend`` (once)."""
-    select = torch._C._select_conv_backend
-    if not getattr(select, "_flagos_wrapped", False):
-        torch._C._select_conv_backend = _wrap(select)
+    """Wraps ``torch._C._select_conv_backend`` and its layout rule (once each)."""
+    for name in ("_select_conv_backend", "_conv_determine_backend_memory_format"):
+        fn = getattr(torch._C, name)
+        if not getattr(fn, "_flagos_wrapped", False):
+            setattr(torch._C, name, _wrap(fn))
