@@ -80,8 +80,10 @@ void gather_stats(const c10::OperatorHandle&, torch::jit::Stack* stack) {
                                  m.options())
                       : args[7].toTensor().to(acc).reshape({-1, 1});
   const at::Tensor var = invstd.to(acc).reciprocal().square().sub(eps);  // each replica's, biased
+  // No replica with elements (SyncBatchNorm drops empty ones): a mean and a
+  // variance of 0, as CUDA's merge loop leaves them, not 0/0.
   const at::Tensor n = counts.sum();
-  const at::Tensor avg = m.mul(counts).sum(0).div(n);
+  const at::Tensor avg = at::where(n.gt(0), m.mul(counts).sum(0).div(n), 0);
   const at::Tensor var_n = var.mul(counts).sum(0).add(m.sub(avg).square().mul(counts).sum(0));
   if (running_mean.defined()) {
     running_mean.copy_(running_mean.to(acc).mul(1 - momentum).add(avg, momentum));

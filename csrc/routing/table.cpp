@@ -13,6 +13,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "aten/host_parity.h"
 #include "aten/python_provider.h"
 #include "aten/shadow_verify.h"
 #include "flaggems/cuda_launch.h"
@@ -164,6 +165,9 @@ bool serves(Backend b, const c10::OperatorHandle& op) {
       return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
     case Backend::kNative:
     case Backend::kCuda:
+      // The host driver's own kernels (aten/host_parity.h) serve operators
+      // the CPU has none for, such as SyncBatchNorm's.
+      if (is_host() && aten::host_parity_kernel(op) != nullptr) return true;
       return op.hasKernelForDispatchKey(is_host() ? c10::DispatchKey::CPU
                                                   : c10::DispatchKey::CUDA);
     case Backend::kFlagGems:

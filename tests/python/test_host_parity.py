@@ -13,6 +13,7 @@ whole batch, and autograd's gradient of ``batch_norm``.
 """
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -215,10 +216,33 @@ def test_batch_norm_elemt_normalises(affine):
                                           eps=1e-5)
     assert got.dtype == x.dtype
     torch.testing.assert_close(got.cpu().double(), want, **TOL32)
-    out = torch.empty(2, device="flagos")
-    with pytest.warns(UserWarning, match="resized"):
-        torch.batch_norm_elemt(x.to("flagos"), on(w), on(b), mean, invstd, 1e-5, out=out)
-    assert torch.equal(out.cpu(), got.cpu())
+    out = torch.empty(x.shape, device="flagos")
+    res = torch.batch_norm_elemt(x.to("flagos"), on(w), on(b), mean, invstd, 1e-5, out=out)
+    assert res is out and torch.equal(out.cpu(), got.cpu())
+
+
+def test_gathered_statistics_of_no_elements_leave_the_running_mean_decaying():
+    # SyncBatchNorm drops replicas with empty batches; with none left, CUDA's
+    # merge yields a mean of 0, so the running mean decays instead of turning NaN.
+    rm = torch.rand(5)
+    running_mean = rm.to("flagos")
+    empty = torch.empty(0, 5, device="flagos")
+    mean, _ = torch.batch_norm_gather_stats_with_counts(
+        torch.empty(0, 5, 3, device="flagos"), empty, empty, running_mean, None, 0.1, 1e-5,
+        torch.empty(0, device="flagos"))
+    assert torch.equal(mean.cpu(), torch.zeros(5))
+    torch.testing.assert_close(running_mean.cpu(), rm * 0.9)
+
+
+def test_sync_batch_norm_operators_route_to_the_host_kernels():
+    # The routing table knows these operators have a kernel on the host driver:
+    # no CPU-fallback warning, counted on their route.
+    torch_fl.routing.reset_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.batch_norm_stats(bn_input(3).to("flagos"), 1e-5)
+    calls = {s.op: s.calls for s in torch_fl.routing.stats()}
+    assert sum(calls["aten::batch_norm_stats"].values()) == 1
 
 
 def test_batch_norm_backward_is_autograds_gradient():
