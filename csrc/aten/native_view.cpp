@@ -53,10 +53,13 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
 }
 
 [[noreturn]] C10_NOINLINE void refuse_layout(const at::Tensor& native) {
+  const bool sparse = native.is_sparse() || native.is_sparse_csr();
   TORCH_CHECK_NOT_IMPLEMENTED(false, "a kernel returned a tensor of layout ", native.layout(),
-                              ", but flagos tensors are strided and dense. Keep sparse tensors "
-                              "on the CPU: make them there (e.g. .cpu().to_sparse()), or "
-                              "keep them dense on flagos.");
+                              ", but flagos tensors are strided and dense. ",
+                              sparse ? "Keep sparse tensors on the CPU: make them there (e.g. "
+                                       ".cpu().to_sparse()), or keep them dense on flagos."
+                                     : "Keep such tensors on the CPU (e.g. .cpu().to_mkldnn()), "
+                                       "or keep them strided on flagos.");
 }
 
 }  // namespace

@@ -325,7 +325,11 @@ DeviceStats FlagosAllocator::getDeviceStats(c10::DeviceIndex device) {
   if (uses_cuda()) return cuda::stats(device);
   auto& p = pool(device);
   std::lock_guard<std::mutex> lock(p.mu);
-  return p.stats;
+  DeviceStats stats = p.stats;
+  // No block is ever split: no size limit on splitting, which CUDA's
+  // allocator reports as SIZE_MAX (-1 in Python).
+  stats.max_split_size = static_cast<int64_t>(SIZE_MAX);
+  return stats;
 }
 
 void FlagosAllocator::resetAccumulatedStats(c10::DeviceIndex device) {

@@ -261,6 +261,8 @@ def test_memory_stats_keys_and_consistency():
     assert list(stats) == sorted(stats)
     if torch_fl.driver() == "cuda":  # the same allocator: the same keys
         assert set(stats) == set(torch.cuda.memory_stats())
+    else:  # blocks are never split: no limit, as CUDA reports its default
+        assert stats["max_split_size"] == -1 and stats["inactive_split.all.peak"] == 0
     assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated()
     assert stats["allocated_bytes.all.current"] == (
         stats["allocated_bytes.small_pool.current"] + stats["allocated_bytes.large_pool.current"])
