@@ -38,7 +38,9 @@ def _patch_loader() -> None:
     import torch.distributed.checkpoint.filesystem as filesystem
 
     cls = getattr(filesystem, "_OverlappingCpuLoader", None)
-    if cls is None or getattr(cls.__init__, "_flagos_wrapped", False):
+    if cls is None:  # a torch that renamed it: say so (after_import warns)
+        raise AttributeError(f"{_MODULE} has no _OverlappingCpuLoader")
+    if getattr(cls.__init__, "_flagos_wrapped", False):
         return
     original = cls.__init__
 

@@ -7,6 +7,7 @@ right after the module is first executed, through a meta-path finder that
 wraps the module's own loader, or at once if the module is imported already.
 """
 
+import importlib
 import importlib.abc
 import sys
 import threading
@@ -26,8 +27,7 @@ def _run(name: str) -> None:
             callback()
         except Exception as e:  # noqa: BLE001 - must not break torch's own import
             warnings.warn(
-                f"torch_fl could not register the flagos device with {name} "
-                f"({type(e).__name__}: {e}); {consequence}",
+                f"torch_fl's hook for {name} failed ({type(e).__name__}: {e}); {consequence}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -87,4 +87,7 @@ def after_import(name: str, callback, consequence: str) -> None:
         if name not in sys.modules and _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
     if name in sys.modules:
+        # Another thread may still be executing it: importing waits for that
+        # thread's import to finish (in this thread, it returns at once).
+        importlib.import_module(name)
         _run(name)
