@@ -86,6 +86,19 @@ def test_plain_compile_works_after_import_and_registers_lazily(lazy_child):
     assert out.split() == [scheduling, "FlagosInterface"], out
 
 
+def test_importing_the_device_interface_module_first_registers_it(run_py):
+    # The module imports Dynamo on its first line, which runs the hook while
+    # the module is still executing.
+    code = ("import warnings\n"
+            "warnings.simplefilter('error', RuntimeWarning)\n"
+            "import torch_fl.compile.device_interface\n"
+            "from torch._dynamo.device_interface import get_interface_for_device\n"
+            "print(get_interface_for_device('flagos').__name__)\n")
+    rc, out, err = run_py(code)
+    assert rc == 0, err[-3000:]
+    assert out.split() == ["FlagosInterface"], out
+
+
 def test_backend_name_registered_when_dynamo_was_imported_first(run_py):
     rc, out, err = run_py(_DYNAMO_FIRST_CHILD, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert rc == 0, err[-3000:]

@@ -20,6 +20,7 @@ only arranges for the registrations to happen when PyTorch first needs them:
 Plain ``torch.compile(fn)`` then works with no user action.
 """
 
+import importlib
 import threading
 
 from .. import _import_hooks
@@ -29,14 +30,12 @@ _backend = None  # the registered Inductor backend (a module), once registered
 
 
 def _register_dynamo_interface() -> None:
-    from torch._dynamo.device_interface import register_interface_for_device
-
-    from .. import flagos
-    from .device_interface import FlagosInterface
-
-    register_interface_for_device("flagos", FlagosInterface)
-    for i in range(flagos.device_count()):
-        register_interface_for_device(f"flagos:{i}", FlagosInterface)
+    module = importlib.import_module(f"{__name__}.device_interface")
+    # A program that imports device_interface itself runs this hook from the
+    # module's first line (it imports Dynamo): the module, still executing,
+    # registers itself at its end instead.
+    if hasattr(module, "register"):
+        module.register()
 
 
 def _register_dynamo_backend() -> None:

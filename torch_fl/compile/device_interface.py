@@ -14,6 +14,7 @@ from torch._dynamo.device_interface import (
     DeviceInterface,
     caching_worker_current_devices,
     caching_worker_device_properties,
+    register_interface_for_device,
 )
 
 from .. import _C, flagos
@@ -122,3 +123,13 @@ class FlagosInterface(DeviceInterface):
 
         if "nvidia" not in triton.backends.backends:
             raise RuntimeError("triton not built with the 'nvidia' backend")
+
+
+def register() -> None:
+    """Registers the interface for "flagos" and every "flagos:N" (idempotent)."""
+    register_interface_for_device("flagos", FlagosInterface)
+    for i in range(flagos.device_count()):
+        register_interface_for_device(f"flagos:{i}", FlagosInterface)
+
+
+register()
