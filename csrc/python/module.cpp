@@ -59,21 +59,14 @@ py::dict memory_stats(int device) {
   auto stats = guarded([&] { return device_allocator().getDeviceStats(to_index(device)); });
   py::dict out;
   const char* pools[] = {"all", "small_pool", "large_pool"};
-  auto add_array = [&](const char* name, const auto& arr) {
-    for (size_t p = 0; p < 3; ++p) {
-      std::string prefix = std::string(name) + "." + pools[p] + ".";
-      out[py::str(prefix + "current")] = arr[p].current;
-      out[py::str(prefix + "peak")] = arr[p].peak;
-      out[py::str(prefix + "allocated")] = arr[p].allocated;
-      out[py::str(prefix + "freed")] = arr[p].freed;
-    }
+  auto add_stat = [&](const std::string& name, const c10::CachingAllocator::Stat& stat) {
+    out[py::str(name + ".current")] = stat.current;
+    out[py::str(name + ".peak")] = stat.peak;
+    out[py::str(name + ".allocated")] = stat.allocated;
+    out[py::str(name + ".freed")] = stat.freed;
   };
-  auto add_stat = [&](const char* name, const c10::CachingAllocator::Stat& stat) {
-    const std::string prefix = std::string(name) + ".";
-    out[py::str(prefix + "current")] = stat.current;
-    out[py::str(prefix + "peak")] = stat.peak;
-    out[py::str(prefix + "allocated")] = stat.allocated;
-    out[py::str(prefix + "freed")] = stat.freed;
+  auto add_array = [&](const char* name, const auto& arr) {
+    for (size_t p = 0; p < 3; ++p) add_stat(std::string(name) + "." + pools[p], arr[p]);
   };
   // Every key torch.cuda.memory_stats() has. The host driver's allocator never
   // splits a block or keeps an oversize one, so those counters stay 0 there.
