@@ -44,17 +44,19 @@ void FlagosGeneratorImpl::set_current_seed(uint64_t seed) {
 // CUDA's Philox generator has an offset; the host driver's generator is the
 // CPU's Mersenne Twister, whose whole state is get_state()'s, and which
 // would refuse with a message about a "CPU Generator".
-void FlagosGeneratorImpl::set_offset(uint64_t offset) {
-  TORCH_CHECK(!native_.device().is_cpu(), "the flagos generator does not support set_offset "
-              "on the host driver: it draws from the CPU's generator (a Mersenne Twister), "
+void FlagosGeneratorImpl::check_has_offset(const char* what) const {
+  TORCH_CHECK(!native_.device().is_cpu(), "the flagos generator does not support ", what,
+              " on the host driver: it draws from the CPU's generator (a Mersenne Twister), "
               "which has no offset. Save and restore it with get_state() and set_state().");
+}
+
+void FlagosGeneratorImpl::set_offset(uint64_t offset) {
+  check_has_offset("set_offset");
   native_.set_offset(offset);
 }
 
 uint64_t FlagosGeneratorImpl::get_offset() const {
-  TORCH_CHECK(!native_.device().is_cpu(), "the flagos generator does not support get_offset "
-              "on the host driver: it draws from the CPU's generator (a Mersenne Twister), "
-              "which has no offset. Save and restore it with get_state() and set_state().");
+  check_has_offset("get_offset");
   return native_.get_offset();
 }
 

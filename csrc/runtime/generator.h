@@ -29,6 +29,8 @@ struct FlagosGeneratorImpl final : public c10::GeneratorImpl {
 
  private:
   FlagosGeneratorImpl* clone_impl() const override;
+  // Refuses `what` (get_offset, set_offset) where the native generator has no offset.
+  void check_has_offset(const char* what) const;
   at::Generator native_;
 };
 
