@@ -48,17 +48,18 @@ void histc(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   at::Tensor hist = integral_histc(self, args[1].toInt(), args[2].toScalar(), args[3].toScalar());
-  if (out_variant) {
-    at::Tensor out = args[4].toTensor();  // any dtype: copy_ converts, as on CUDA
-    at::native::resize_output(out, hist.sizes());
-    out.copy_(hist);
-    hist = std::move(out);
-  }
+  if (out_variant) hist = into_out(args[4].toTensor(), hist);  // any dtype, as on CUDA
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(hist));
 }
 
 }  // namespace
+
+at::Tensor into_out(at::Tensor out, const at::Tensor& result) {
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
 
 HostKernel host_parity_kernel(const c10::OperatorHandle& op) {
   // Plans are built on an operator's first flagos call, after the driver is chosen.

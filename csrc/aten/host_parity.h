@@ -22,4 +22,8 @@ using HostKernel = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* st
 // (always on other drivers).
 HostKernel host_parity_kernel(const c10::OperatorHandle& op);
 
+// A host kernel's `result` written into its .out variant's `out` (resized as
+// out= operators resize, converted to out's dtype by copy_); returns `out`.
+at::Tensor into_out(at::Tensor out, const at::Tensor& result);
+
 }  // namespace torch_fl::aten

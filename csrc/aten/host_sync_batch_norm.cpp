@@ -2,7 +2,6 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/native/Resize.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/var_mean.h>
 #include <ATen/ops/where.h>
@@ -114,12 +113,7 @@ void elemt(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor result = normalized(args[0].toTensor(), optional_tensor(args[1]),
                                  optional_tensor(args[2]), args[3].toTensor(),
                                  args[4].toTensor());
-  if (out_variant) {
-    at::Tensor out = args[6].toTensor();
-    at::native::resize_output(out, result.sizes());
-    out.copy_(result);
-    result = std::move(out);
-  }
+  if (out_variant) result = into_out(args[6].toTensor(), result);
   replace(stack, n, {std::move(result)});
 }
 
