@@ -19,6 +19,7 @@ import functools
 import torch
 
 from . import _import_hooks
+from ._wrap import wrap_once
 
 _MODULE = "torch.distributed.checkpoint.filesystem"
 
@@ -40,18 +41,17 @@ def _patch_loader() -> None:
     cls = getattr(filesystem, "_OverlappingCpuLoader", None)
     if cls is None:  # a torch that renamed it: say so (after_import warns)
         raise AttributeError(f"{_MODULE} has no _OverlappingCpuLoader")
-    if getattr(cls.__init__, "_flagos_wrapped", False):
-        return
-    original = cls.__init__
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if getattr(self, "device_type", None) != "flagos" and hasattr(self, "resolve_fun"):
-            self.resolve_fun = _to_cpu_if_flagos(self.resolve_fun)
+    def wrap(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if getattr(self, "device_type", None) != "flagos" and hasattr(self, "resolve_fun"):
+                self.resolve_fun = _to_cpu_if_flagos(self.resolve_fun)
 
-    __init__._flagos_wrapped = True
-    cls.__init__ = __init__
+        return __init__
+
+    wrap_once(cls, "__init__", wrap)
 
 
 def install() -> None:

@@ -24,15 +24,12 @@ import functools
 
 import torch
 
-_MODULE = "torch._subclasses.fake_impls"
-
+from .._wrap import wrap_once
+from ..flagos._device import _on_cuda
 
 def _native_device(t: torch.Tensor) -> torch.device:
-    from .. import _C
-
-    if _C._driver_name() == "cuda":
-        return torch.device("cuda", t.device.index or 0)
-    return torch.device("cpu")
+    # flagos device N is CUDA device N on the cuda driver.
+    return torch.device("cuda", t.device.index or 0) if _on_cuda() else torch.device("cpu")
 
 
 def _stand_in(t, mode, device):
@@ -57,13 +54,10 @@ def _wrap(fn):
         kwargs = {k: _stand_in(v, mode, device) for k, v in kwargs.items()}
         return fn(*args, **kwargs)
 
-    on_native_stand_ins._flagos_wrapped = True
     return on_native_stand_ins
 
 
 def install_now() -> None:
     """Wraps ``torch._C._select_conv_backend`` and its layout rule (once each)."""
     for name in ("_select_conv_backend", "_conv_determine_backend_memory_format"):
-        fn = getattr(torch._C, name)
-        if not getattr(fn, "_flagos_wrapped", False):
-            setattr(torch._C, name, _wrap(fn))
+        wrap_once(torch._C, name, _wrap)

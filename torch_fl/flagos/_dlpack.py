@@ -16,13 +16,10 @@ import torch
 from torch.overrides import has_torch_function_unary
 from torch.utils.dlpack import DLDeviceType
 
+from .._wrap import wrap_once
 
-def install() -> None:
-    """Wraps ``torch.Tensor.__dlpack_device__`` (once)."""
-    original = torch.Tensor.__dlpack_device__
-    if getattr(original, "_flagos_wrapped", False):
-        return
 
+def _wrap(original):
     @functools.wraps(original)
     def __dlpack_device__(self):
         # A subclass with __torch_function__ goes through PyTorch's handling,
@@ -31,5 +28,9 @@ def install() -> None:
             return (DLDeviceType.kDLExtDev, self.device.index or 0)
         return original(self)
 
-    __dlpack_device__._flagos_wrapped = True
-    torch.Tensor.__dlpack_device__ = __dlpack_device__
+    return __dlpack_device__
+
+
+def install() -> None:
+    """Wraps ``torch.Tensor.__dlpack_device__`` (once)."""
+    wrap_once(torch.Tensor, "__dlpack_device__", _wrap)
