@@ -1,9 +1,9 @@
 """Automatic mixed precision on flagos: what torch.autocast("flagos") may cast to,
 and torch.cuda.amp's deprecated class names for scripts ported from CUDA."""
 
-import warnings
-
 import torch
+
+from .memory import _deprecated as deprecated
 
 
 def get_amp_supported_dtype():
@@ -16,17 +16,13 @@ def get_amp_supported_dtype():
     return [torch.float16, torch.bfloat16, torch.float32]
 
 
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"`torch.flagos.amp.{old}(args...)` is deprecated. Please use "
-                  f"`torch.amp.{new}('flagos', args...)` instead.", FutureWarning, stacklevel=3)
-
-
 class autocast(torch.amp.autocast):
     """``torch.amp.autocast("flagos", ...)`` under torch.cuda.amp's old name (deprecated)."""
 
     def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16,
                  cache_enabled: bool = True):
-        _deprecated("autocast", "autocast")
+        deprecated("amp.autocast(args...) is deprecated. Please use "
+                   "torch.amp.autocast('flagos', args...) instead.")
         super().__init__("flagos", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
@@ -35,7 +31,8 @@ class GradScaler(torch.amp.GradScaler):
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
-        _deprecated("GradScaler", "GradScaler")
+        deprecated("amp.GradScaler(args...) is deprecated. Please use "
+                   "torch.amp.GradScaler('flagos', args...) instead.")
         super().__init__("flagos", init_scale=init_scale, growth_factor=growth_factor,
                          backoff_factor=backoff_factor, growth_interval=growth_interval,
                          enabled=enabled)
