@@ -37,7 +37,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
-  at::Tensor mask = at::empty_like(input, c10::MemoryFormat::Contiguous);
+  // A bool mask in the input's layout, as the CPU, CUDA and meta kernels give.
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
   mask.bernoulli_(p1m);  // flagos generator: reaches the routing path
   at::Tensor output = input.mul(mask).mul_(scale);
   return std::make_tuple(output, mask);

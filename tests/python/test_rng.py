@@ -249,6 +249,28 @@ def test_dropout_follows_the_flagos_generator():
     assert not torch.equal(torch.flagos.get_rng_state(), flagos_state)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("train", [True, False, None])
+def test_native_dropout_matches_the_native_kernel(dtype, train):
+    # The mask is bool in the input's layout (the CPU, CUDA and meta kernels'
+    # contract: code that indexes or negates it breaks otherwise); on the host
+    # driver the outputs are the CPU kernel's, bit for bit, for the same seed.
+    x = torch.randn(6, 10, dtype=dtype).t()  # non-contiguous: the layout is kept
+    outs = {}
+    for device in ("cpu", "flagos"):
+        torch.manual_seed(7)
+        outs[device] = torch.native_dropout(x.to(device), 0.4, train)
+    (out, mask), (ref_out, ref_mask) = outs["flagos"], outs["cpu"]
+    assert out.device.type == mask.device.type == "flagos"
+    assert (out.dtype, mask.dtype) == (dtype, torch.bool)
+    assert (out.stride(), mask.stride()) == (ref_out.stride(), ref_mask.stride())
+    if torch_fl.driver() != "cuda":
+        assert torch.equal(out.cpu(), ref_out) and torch.equal(mask.cpu(), ref_mask)
+    scale = 1.0 if train is False else 1 / 0.6
+    expected = torch.where(mask.cpu(), x.float() * scale, 0.0).to(dtype)
+    torch.testing.assert_close(out.cpu(), expected, rtol=0.01, atol=0.0)
+
+
 def test_generator_for_randperm_and_multinomial():
     g = torch.Generator(device="flagos").manual_seed(0)
     p = torch.randperm(20, device="flagos", generator=g).cpu()
