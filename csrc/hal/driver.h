@@ -68,6 +68,11 @@ class Driver {
   // `nbytes` is the size given to allocate().
   virtual void deallocate(int device, void* ptr, size_t nbytes) noexcept = 0;
   virtual MemoryInfo memoryInfo(int device) const = 0;
+  // Whether the machine is short of memory for `nbytes` more, although
+  // allocate() might still succeed: a caching allocator then gives its cache
+  // back first. A device whose allocate() fails when it is full needs no such
+  // signal (the default).
+  virtual bool memoryIsShort(int /*device*/, size_t /*nbytes*/) const { return false; }
   // Copies `nbytes`. With async=false it returns when the copy is done; with
   // async=true it is ordered on `stream` and may still be running.
   virtual void copy(void* dst, const void* src, size_t nbytes, CopyKind kind,

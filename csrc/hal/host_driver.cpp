@@ -54,8 +54,9 @@ void HostDriver::check_environment() {
   env_byte_size("FLAGOS_HOST_MEMORY_LIMIT");
 }
 
-HostDriver::HostDriver(int device_count, std::optional<size_t> capacity)
-    : capacity_(capacity) {
+HostDriver::HostDriver(int device_count, std::optional<size_t> capacity,
+                       AvailableMemory available)
+    : capacity_(capacity), available_(available) {
   if (device_count < 1 || device_count > kMaxHostDevices) {
     throw ConfigError("host driver device count " + std::to_string(device_count) +
                       " is out of range 1.." + std::to_string(kMaxHostDevices));
@@ -109,6 +110,10 @@ MemoryInfo HostDriver::memoryInfo(int device) const {
   size_t total = capacity_ ? *capacity_ : physical_memory();
   size_t used = devices_[device]->used.load();
   return {used >= total ? 0 : total - used, total};
+}
+
+bool HostDriver::memoryIsShort(int /*device*/, size_t nbytes) const {
+  return !capacity_ && nbytes > available_();
 }
 
 void HostDriver::copy(void* dst, const void* src, size_t nbytes,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hal/driver.h"
+#include "hal/system_memory.h"
 
 namespace torch_fl::hal {
 
@@ -25,8 +26,11 @@ class HostDriver final : public Driver {
   // Throws ConfigError when FLAGOS_HOST_* holds a malformed value; run
   // whichever driver is chosen, so a mistake never hides behind another one.
   static void check_environment();
-  // For tests: explicit device count and per-device capacity (nullopt: none).
-  HostDriver(int device_count, std::optional<size_t> capacity);
+  // For tests: explicit device count and per-device capacity (nullopt: none),
+  // and the machine's available memory (system_memory.h).
+  using AvailableMemory = size_t (*)();
+  HostDriver(int device_count, std::optional<size_t> capacity,
+             AvailableMemory available = &system_available_memory);
   ~HostDriver() override;
 
   std::string_view name() const noexcept override { return "host"; }
@@ -42,6 +46,10 @@ class HostDriver final : public Driver {
   void* allocate(int device, size_t nbytes) override;
   void deallocate(int device, void* ptr, size_t nbytes) noexcept override;
   MemoryInfo memoryInfo(int device) const override;
+  // Without a capacity, allocate() succeeds until the OOM killer strikes:
+  // memory is short when the machine (or the process's cgroup) has less than
+  // `nbytes` available.
+  bool memoryIsShort(int device, size_t nbytes) const override;
   void copy(void* dst, const void* src, size_t nbytes, CopyKind kind,
             StreamHandle stream, bool async) override;
 
@@ -63,6 +71,7 @@ class HostDriver final : public Driver {
   struct Device;
   std::vector<std::unique_ptr<Device>> devices_;
   std::optional<size_t> capacity_;
+  AvailableMemory available_;
 };
 
 }  // namespace torch_fl::hal

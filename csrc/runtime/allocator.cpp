@@ -229,6 +229,15 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
     p.free_blocks.erase(it);
   } else {
     auto& d = driver();
+    // The machine is short of memory although the driver would still hand
+    // some out (the host driver, until the OOM killer strikes): the cache goes
+    // back first, as CUDA's does when cudaMalloc fails. Asked only when there
+    // is a cache to give back and the block is large (asking reads /proc).
+    if (size >= kSmallLimit && (!p.free_blocks.empty() || !p.pending.empty()) &&
+        d.memoryIsShort(device, size)) {
+      p.stats.num_alloc_retries++;
+      release_cache(p, device);
+    }
     // Within the process's share (set_per_process_memory_fraction), as the
     // reserved bytes count it; the cache is emptied before giving up.
     const auto within_limit = [&] {

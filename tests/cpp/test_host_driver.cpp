@@ -145,3 +145,35 @@ TEST(HostDriver, EventOfOneDeviceCannotBeRecordedOnAnother) {
   EXPECT_THROW(d.recordEvent(e, d.defaultStream(1)), Error);
   d.destroyEvent(e);
 }
+
+// Without a capacity, the host driver's allocations succeed until the OOM
+// killer strikes: it tells the caching allocator when the machine is short.
+size_t g_available = 0;
+size_t fake_available() { return g_available; }
+
+TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
+  HostDriver d(1, std::nullopt, &fake_available);
+  g_available = size_t(8) << 20;
+  EXPECT_FALSE(d.memoryIsShort(0, size_t(8) << 20));
+  EXPECT_TRUE(d.memoryIsShort(0, (size_t(8) << 20) + 1));
+  g_available = 0;
+  EXPECT_TRUE(d.memoryIsShort(0, 1));
+  // A configured capacity is the limit that allocate() enforces itself.
+  HostDriver capped(1, size_t(1) << 20, &fake_available);
+  EXPECT_FALSE(capped.memoryIsShort(0, size_t(1) << 30));
+}
+
+TEST(SystemMemory, ReadsMemAvailableAndCgroupHeadroom) {
+  using torch_fl::hal::cgroup_headroom;
+  using torch_fl::hal::meminfo_available;
+  EXPECT_EQ(meminfo_available("MemTotal:  24683656 kB\nMemFree:   23299788 kB\n"
+                              "MemAvailable:   23700536 kB\nBuffers: 1 kB\n"),
+            size_t(23700536) * 1024);
+  EXPECT_FALSE(meminfo_available("MemTotal: 1 kB\n").has_value());
+  EXPECT_FALSE(meminfo_available("MemAvailable: garbage\n").has_value());
+  EXPECT_EQ(cgroup_headroom("1073741824\n", "1000\n"), size_t(1073741824) - 1000);
+  EXPECT_EQ(cgroup_headroom("1000\n", "2000\n"), size_t(0));  // over the limit: none left
+  EXPECT_FALSE(cgroup_headroom("max\n", "1000\n").has_value());
+  // This machine's reading: some memory is available to a running test.
+  EXPECT_GT(torch_fl::hal::system_available_memory(), size_t(0));
+}
