@@ -19,10 +19,12 @@ namespace {
 struct Kind {
   const char* what;
   const char* way_out;
+  const char* way_back = "";  // for a kind PyTorch makes on flagos without asking it
 };
 constexpr Kind kSparseCoo{"sparse COO (torch.sparse_coo) tensors", "make them dense (.to_dense())"};
 constexpr Kind kSparseCompressed{"sparse compressed (CSR, CSC, BSR, BSC) tensors",
-                                 "make them dense (.to_dense())"};
+                                 "make them dense (.to_dense())",
+                                 " One on flagos comes back with .cpu()."};
 constexpr Kind kNested{"nested tensors (torch.nested)",
                        "pad them into one tensor (.to_padded_tensor(padding))"};
 constexpr Kind kQuantized{"quantized tensors", "dequantize them (.dequantize())"};
@@ -32,7 +34,7 @@ void unsupported_kind(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(), ": ", kKind.what,
                               " on flagos are not supported: flagos tensors are strided, dense "
                               "and not quantized. Keep them on the CPU, or ",
-                              kKind.way_out, " before moving them to flagos.");
+                              kKind.way_out, " before moving them to flagos.", kKind.way_back);
 }
 
 }  // namespace

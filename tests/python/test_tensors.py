@@ -895,3 +895,29 @@ def test_dlpack_round_trips_and_shares_memory():
         assert torch.equal(back.cpu(), t.cpu())
     # Other devices keep PyTorch's answer.
     assert torch.randn(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
+def test_sparse_compressed_tensor_on_flagos_comes_back(layout):
+    # PyTorch makes these on flagos without asking it (cpu_csr.to("flagos")):
+    # its operators are refused, but its data must not be trapped there.
+    dense = torch.randn(4, 6)
+    dense[dense < 0.3] = 0
+    make = {"csr": lambda: dense.to_sparse_csr(), "csc": lambda: dense.to_sparse_csc(),
+            "bsr": lambda: dense.to_sparse_bsr((2, 3)), "bsc": lambda: dense.to_sparse_bsc((2, 3))}
+    cpu = make[layout]()
+    t = cpu.to("flagos")
+    assert (t.layout, t.device.type) == (cpu.layout, "flagos")
+    back = t.cpu()
+    assert back.layout == cpu.layout and torch.equal(back.to_dense(), dense)
+    assert t._nnz() == cpu._nnz()
+    assert t.values().device.type == "flagos" and torch.equal(t.values().cpu(), cpu.values())
+    compressed, plain = ((t.crow_indices, t.col_indices) if layout in ("csr", "bsr")
+                         else (t.ccol_indices, t.row_indices))
+    ref_compressed, ref_plain = ((cpu.crow_indices, cpu.col_indices) if layout in ("csr", "bsr")
+                                 else (cpu.ccol_indices, cpu.row_indices))
+    assert torch.equal(compressed().cpu(), ref_compressed())
+    assert torch.equal(plain().cpu(), ref_plain())
+    with pytest.raises(NotImplementedError, match=r"sparse compressed .* comes back with \.cpu\(\)"):
+        t.to_dense()
