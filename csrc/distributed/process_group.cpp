@@ -41,6 +41,15 @@ void check_numel(std::string_view op, std::string_view what, const at::Tensor& t
                     " elements; the group has ", size, " ranks, so it needs ", want);
 }
 
+// An output and the input it is made from have one dtype (NCCL requires it;
+// gloo's own message would name the CPU views it is given).
+void check_dtype(std::string_view op, std::string_view what, const at::Tensor& t,
+                 std::string_view from, const at::Tensor& source) {
+  TORCH_CHECK_VALUE(t.scalar_type() == source.scalar_type(), "flagos backend: ", op, ": ", what,
+                    " is ", t.scalar_type(), " but ", from, " is ", source.scalar_type(),
+                    "; the output of a collective has its input's dtype");
+}
+
 template <typename T>
 std::vector<T> flatten(const std::vector<std::vector<T>>& lists) {
   std::vector<T> out;
@@ -192,6 +201,7 @@ WorkPtr ProcessGroupFlagos::_allgather_base(at::Tensor& output, at::Tensor& inpu
   auto native_in = views.view(input, "input_tensor");
   check_numel("all_gather_into_tensor", "output_tensor", output, input.numel() * getSize(),
               getSize());
+  check_dtype("all_gather_into_tensor", "output_tensor", output, "input_tensor", input);
   return wrap(inner_->_allgather_base(native_out, native_in, opts), {output},
               views.device(), OpType::_ALLGATHER_BASE);
 }
@@ -217,6 +227,8 @@ WorkPtr ProcessGroupFlagos::allgather_into_tensor_coalesced(TensorList& outputs,
   for (size_t i = 0; i < outputs.size(); ++i) {
     check_numel("all_gather_into_tensor_coalesced", "an output", outputs[i],
                 inputs[i].numel() * getSize(), getSize());
+    check_dtype("all_gather_into_tensor_coalesced", "an output", outputs[i], "its input",
+                inputs[i]);
   }
   return wrap(inner_->allgather_into_tensor_coalesced(native_out, native_in, opts), outputs,
               views.device(), OpType::COALESCED);
@@ -267,6 +279,7 @@ WorkPtr ProcessGroupFlagos::_reduce_scatter_base(at::Tensor& output, at::Tensor&
   auto native_out = views.view(output, "output");
   auto native_in = views.view(input, "input");
   check_numel("reduce_scatter_tensor", "input", input, output.numel() * getSize(), getSize());
+  check_dtype("reduce_scatter_tensor", "output", output, "input", input);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, input, native_in,
                                "input", /*in_place=*/false);
@@ -284,6 +297,8 @@ WorkPtr ProcessGroupFlagos::reduce_scatter_tensor_coalesced(
   for (size_t i = 0; i < outputs.size(); ++i) {
     check_numel("reduce_scatter_tensor_coalesced", "an input", inputs[i],
                 outputs[i].numel() * getSize(), getSize());
+    check_dtype("reduce_scatter_tensor_coalesced", "an output", outputs[i], "its input",
+                inputs[i]);
   }
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = inner_reduce_op(opts.reduceOp, inner_has_premul_sum_, views, inputs, native_in,
@@ -307,6 +322,7 @@ WorkPtr ProcessGroupFlagos::alltoall_base(at::Tensor& output, at::Tensor& input,
     check_count("all_to_all_single", "input_split_sizes", input_split_sizes.size(),
                 getSize(), getSize(), "entries");
   }
+  check_dtype("all_to_all_single", "output", output, "input", input);
   return wrap(inner_->alltoall_base(native_out, native_in, output_split_sizes,
                                     input_split_sizes, opts),
               {output}, views.device(), OpType::ALLTOALL_BASE);

@@ -599,6 +599,11 @@ def errors():
     record("reduce_scatter_tensor_wrong_size", lambda: expect_error(
         lambda: dist.reduce_scatter_tensor(on(torch.empty(3)), on(torch.empty(WORLD * 6))),
         "reduce_scatter_tensor", f"{WORLD * 6} elements", f"needs {WORLD * 3}"))
+    record("output_of_another_dtype", lambda: expect_error(
+        lambda: dist.all_gather_into_tensor(on(torch.empty(WORLD * 6, dtype=torch.float64)),
+                                            on(data(RANK))),
+        "all_gather_into_tensor", "output_tensor is Double", "input_tensor is Float",
+        "input's dtype"))
     record("all_to_all_wrong_world_size", lambda: expect_error(
         lambda: dist.all_to_all([on(torch.empty(2))] * (WORLD + 1), [on(torch.empty(2))] * (WORLD + 1)),
         "all_to_all", f"{WORLD} ranks"))
