@@ -252,23 +252,25 @@ def test_dropout_follows_the_flagos_generator():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("train", [True, False, None])
 def test_native_dropout_matches_the_native_kernel(dtype, train):
-    # The mask is bool in the input's layout (the CPU, CUDA and meta kernels'
-    # contract: code that indexes or negates it breaks otherwise); on the host
-    # driver the outputs are the CPU kernel's, bit for bit, for the same seed.
-    x = torch.randn(6, 10, dtype=dtype).t()  # non-contiguous: the layout is kept
+    # The mask is bool (the CPU, CUDA and meta kernels' contract: code that
+    # indexes or negates it breaks otherwise), and the outputs are the native
+    # kernel's, bit for bit, for the same seed: the CPU's on the host driver,
+    # CUDA's (whose generator flagos shares) on the cuda driver.
+    native = "cuda" if torch_fl.driver() == "cuda" else "cpu"
+    x = torch.randn(6, 10, dtype=dtype).t()  # non-contiguous: the layout is the kernel's
     outs = {}
-    for device in ("cpu", "flagos"):
+    for device in (native, "flagos"):
         torch.manual_seed(7)
         outs[device] = torch.native_dropout(x.to(device), 0.4, train)
-    (out, mask), (ref_out, ref_mask) = outs["flagos"], outs["cpu"]
+    (out, mask), (ref_out, ref_mask) = outs["flagos"], outs[native]
     assert out.device.type == mask.device.type == "flagos"
     assert (out.dtype, mask.dtype) == (dtype, torch.bool)
     assert (out.stride(), mask.stride()) == (ref_out.stride(), ref_mask.stride())
-    if torch_fl.driver() != "cuda":
-        assert torch.equal(out.cpu(), ref_out) and torch.equal(mask.cpu(), ref_mask)
-    scale = 1.0 if train is False else 1 / 0.6
-    expected = torch.where(mask.cpu(), x.float() * scale, 0.0).to(dtype)
-    torch.testing.assert_close(out.cpu(), expected, rtol=0.01, atol=0.0)
+    assert torch.equal(out.cpu(), ref_out.cpu()) and torch.equal(mask.cpu(), ref_mask.cpu())
+    if train:
+        assert 0 < int(mask.sum()) < mask.numel()
+        expected = torch.where(mask.cpu(), x.float() / 0.6, 0.0).to(dtype)
+        torch.testing.assert_close(out.cpu(), expected, rtol=0.01, atol=0.0)
 
 
 def test_generator_for_randperm_and_multinomial():
