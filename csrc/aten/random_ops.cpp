@@ -24,7 +24,9 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
   if (runtime::uses_cuda()) {
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_dropout", "");
-    torch::jit::Stack stack{input, p, train};
+    // No `train` means training to the CPU and CUDA kernels; FlagGems' kernel
+    // reads None as false, so the route gets the value the native kernels mean.
+    torch::jit::Stack stack{input, p, std::optional<bool>(train.value_or(true))};
     route_boxed(op, &stack);
     return std::make_tuple(stack[0].toTensor(), stack[1].toTensor());
   }

@@ -259,9 +259,15 @@ def test_native_dropout_matches_the_native_kernel(dtype, train):
     native = "cuda" if torch_fl.driver() == "cuda" else "cpu"
     x = torch.randn(6, 10, dtype=dtype).t()  # non-contiguous: the layout is the kernel's
     outs = {}
-    for device in (native, "flagos"):
-        torch.manual_seed(7)
-        outs[device] = torch.native_dropout(x.to(device), 0.4, train)
+    if native == "cuda":
+        torch_fl.routing.set_route("native_dropout", "cuda")  # not FlagGems' kernel
+    try:
+        for device in (native, "flagos"):
+            torch.manual_seed(7)
+            outs[device] = torch.native_dropout(x.to(device), 0.4, train)
+    finally:
+        if native == "cuda":
+            torch_fl.routing.set_route("native_dropout", "")
     (out, mask), (ref_out, ref_mask) = outs["flagos"], outs[native]
     assert out.device.type == mask.device.type == "flagos"
     assert (out.dtype, mask.dtype) == (dtype, torch.bool)
@@ -271,6 +277,17 @@ def test_native_dropout_matches_the_native_kernel(dtype, train):
         assert 0 < int(mask.sum()) < mask.numel()
         expected = torch.where(mask.cpu(), x.float() / 0.6, 0.0).to(dtype)
         torch.testing.assert_close(out.cpu(), expected, rtol=0.01, atol=0.0)
+
+
+@pytest.mark.parametrize("train", [True, None])
+def test_native_dropout_without_train_is_training(train):
+    # None means training to the CPU and CUDA kernels, on every route (FlagGems'
+    # kernel, the default on the cuda driver, reads None as eval).
+    x = torch.randn(200, device="flagos") + 5.0  # no zeros in the input
+    out, mask = torch.native_dropout(x, 0.4, train)
+    assert mask.dtype == torch.bool and 0 < int(mask.sum()) < mask.numel()
+    expected = torch.where(mask, x / 0.6, 0.0)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_generator_for_randperm_and_multinomial():
