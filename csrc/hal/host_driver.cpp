@@ -5,7 +5,9 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <sys/mman.h>
 #include <sys/sysinfo.h>
+#include <unistd.h>
 
 #include "hal/env.h"
 
@@ -13,6 +15,16 @@ namespace torch_fl::hal {
 namespace {
 
 constexpr size_t kAlignment = 64;  // a cache line; also enough for AVX-512 loads
+// Blocks from 1 MiB are mapped pages of their own, so that freeing one (the
+// caching allocator's empty_cache, or its release when memory is short) gives
+// the memory back to the machine: glibc keeps freed heap blocks below its
+// mmap threshold, which grows to 32 MiB as large blocks are freed.
+constexpr size_t kMappedMin = size_t{1} << 20;
+
+size_t mapped_size(size_t nbytes) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return (nbytes + page - 1) / page * page;
+}
 constexpr long kMaxHostDevices = 64;
 
 using Clock = std::chrono::steady_clock;
@@ -94,15 +106,25 @@ void* HostDriver::allocate(int device, size_t nbytes) {
   } else {
     used.fetch_add(nbytes);
   }
-  size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  void* p = nullptr;
+  if (nbytes >= kMappedMin) {
+    p = ::mmap(nullptr, mapped_size(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+               -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+  }
   if (p == nullptr) used.fetch_sub(nbytes);
   return p;
 }
 
 void HostDriver::deallocate(int device, void* ptr, size_t nbytes) noexcept {
   if (ptr == nullptr) return;
-  std::free(ptr);
+  if (nbytes >= kMappedMin) {
+    ::munmap(ptr, mapped_size(nbytes));
+  } else {
+    std::free(ptr);
+  }
   devices_[device]->used.fetch_sub(nbytes);
 }
 
@@ -113,7 +135,7 @@ MemoryInfo HostDriver::memoryInfo(int device) const {
 }
 
 bool HostDriver::memoryIsShort(int /*device*/, size_t nbytes) const {
-  return !capacity_ && nbytes > available_();
+  return nbytes > available_();
 }
 
 void HostDriver::copy(void* dst, const void* src, size_t nbytes,

@@ -46,9 +46,9 @@ class HostDriver final : public Driver {
   void* allocate(int device, size_t nbytes) override;
   void deallocate(int device, void* ptr, size_t nbytes) noexcept override;
   MemoryInfo memoryInfo(int device) const override;
-  // Without a capacity, allocate() succeeds until the OOM killer strikes:
-  // memory is short when the machine (or the process's cgroup) has less than
-  // `nbytes` available.
+  // allocate() fails only at the configured capacity (if any), and otherwise
+  // succeeds until the OOM killer strikes: memory is short when the machine
+  // (or a cgroup limit above the process) has less than `nbytes` available.
   bool memoryIsShort(int device, size_t nbytes) const override;
   void copy(void* dst, const void* src, size_t nbytes, CopyKind kind,
             StreamHandle stream, bool async) override;

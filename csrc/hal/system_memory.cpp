@@ -1,11 +1,14 @@
 #include "hal/system_memory.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <charconv>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
-#include <string>
+#include <sys/stat.h>
 
 namespace torch_fl::hal {
 namespace {
@@ -18,62 +21,150 @@ std::optional<size_t> parse_size(std::string_view text) {
   return value;
 }
 
-std::optional<std::string> read_file(const char* path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// The value after `key` at the start of a line of `text` ("key value").
+std::optional<size_t> field(std::string_view text, std::string_view key) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    std::string_view line = text.substr(at, end - at);
+    if (line.size() > key.size() && line.substr(0, key.size()) == key &&
+        (line[key.size()] == ' ' || line[key.size()] == '\t')) {
+      return parse_size(line.substr(key.size()));
+    }
+    at = end + 1;
+  }
+  return std::nullopt;
 }
 
-std::optional<size_t> cgroup_headroom_at(const char* limit_path, const char* usage_path) {
-  auto limit = read_file(limit_path);
-  auto usage = read_file(usage_path);
-  if (!limit || !usage) return std::nullopt;
-  return cgroup_headroom(*limit, *usage);
+// A small /proc or /sys file, read with one system call into `buffer`
+// (no stream, no allocation: this runs under the allocator's lock).
+std::optional<std::string_view> read_small(const char* path, std::array<char, 8192>& buffer) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  size_t n = 0;
+  while (n < buffer.size()) {
+    const ssize_t got = ::read(fd, buffer.data() + n, buffer.size() - n);
+    if (got <= 0) break;
+    n += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  return std::string_view(buffer.data(), n);
 }
+
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The files of one cgroup directory, by version.
+struct CgroupFiles {
+  std::string limit, usage, stat;
+  const char* inactive_key;
+};
+
+std::vector<CgroupFiles> find_cgroups() {
+  std::array<char, 8192> buffer;
+  auto self = read_small("/proc/self/cgroup", buffer);
+  if (!self) return {};
+  std::vector<CgroupFiles> found;
+  for (const std::string& dir : cgroup_memory_dirs(*self, "/sys/fs/cgroup", "/sys/fs/cgroup/memory")) {
+    if (!is_dir(dir)) continue;
+    if (::access((dir + "/memory.max").c_str(), R_OK) == 0) {
+      found.push_back({dir + "/memory.max", dir + "/memory.current", dir + "/memory.stat",
+                       "inactive_file"});
+    } else if (::access((dir + "/memory.limit_in_bytes").c_str(), R_OK) == 0) {
+      found.push_back({dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes",
+                       dir + "/memory.stat", "total_inactive_file"});
+    }
+  }
+  return found;
+}
+
+std::optional<size_t> headroom(const CgroupFiles& files) {
+  std::array<char, 8192> limit_buf, usage_buf, stat_buf;
+  auto limit = read_small(files.limit.c_str(), limit_buf);
+  auto usage = read_small(files.usage.c_str(), usage_buf);
+  if (!limit || !usage) return std::nullopt;
+  auto stat = read_small(files.stat.c_str(), stat_buf);
+  return cgroup_headroom(*limit, *usage, stat.value_or(std::string_view()), files.inactive_key);
+}
+
+std::atomic<int64_t> g_override{-1};
 
 }  // namespace
 
 std::optional<size_t> meminfo_available(std::string_view meminfo) {
-  constexpr std::string_view kKey = "MemAvailable:";
-  const size_t at = meminfo.find(kKey);
-  if (at == std::string_view::npos) return std::nullopt;
-  auto kb = parse_size(meminfo.substr(at + kKey.size()));
+  auto kb = field(meminfo, "MemAvailable:");
   if (!kb || *kb > SIZE_MAX / 1024) return std::nullopt;
   return *kb * 1024;
 }
 
-std::optional<size_t> cgroup_headroom(std::string_view limit, std::string_view usage) {
+std::optional<size_t> cgroup_headroom(std::string_view limit, std::string_view usage,
+                                      std::string_view stat, std::string_view inactive_key) {
   auto l = parse_size(limit);  // "max" (no limit) does not parse
   auto u = parse_size(usage);
   if (!l || !u) return std::nullopt;
-  return *l > *u ? *l - *u : 0;
+  const size_t working = *u - std::min(*u, field(stat, inactive_key).value_or(0));
+  return *l > working ? *l - working : 0;
+}
+
+std::vector<std::string> cgroup_memory_dirs(std::string_view proc_self_cgroup,
+                                            std::string_view v2_mount,
+                                            std::string_view v1_mount) {
+  std::string_view v2_path, v1_path;
+  bool v2 = false, v1 = false;
+  for (size_t at = 0; at < proc_self_cgroup.size();) {
+    const size_t end = std::min(proc_self_cgroup.find('\n', at), proc_self_cgroup.size());
+    std::string_view line = proc_self_cgroup.substr(at, end - at);
+    at = end + 1;
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    std::string_view id = line.substr(0, c1), controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string_view path = line.substr(c2 + 1);
+    if (id == "0" && controllers.empty()) {
+      v2 = true;
+      v2_path = path;
+    } else {
+      for (size_t s = 0; s <= controllers.size();) {  // "memory" among "a,b,memory"
+        const size_t e = std::min(controllers.find(',', s), controllers.size());
+        if (controllers.substr(s, e - s) == "memory") {
+          v1 = true;
+          v1_path = path;
+        }
+        s = e + 1;
+      }
+    }
+  }
+  // A v1 memory controller wins: on a hybrid system the v2 tree has none.
+  const std::string_view mount = v1 ? v1_mount : v2_mount;
+  std::string_view path = v1 ? v1_path : v2_path;
+  if (!v1 && !v2) return {};
+  std::vector<std::string> dirs;
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  for (;;) {
+    dirs.push_back(std::string(mount) + std::string(path));
+    if (path.empty()) break;
+    path = path.substr(0, path.rfind('/'));
+  }
+  return dirs;
+}
+
+void override_available_memory(std::optional<size_t> bytes) {
+  g_override.store(bytes ? static_cast<int64_t>(std::min<size_t>(*bytes, INT64_MAX)) : -1);
 }
 
 size_t system_available_memory() {
+  if (const int64_t o = g_override.load(); o >= 0) return static_cast<size_t>(o);
   size_t available = SIZE_MAX;
-  if (auto text = read_file("/proc/meminfo")) {
+  std::array<char, 8192> buffer;
+  if (auto text = read_small("/proc/meminfo", buffer)) {
     if (auto a = meminfo_available(*text)) available = *a;
   }
-  // cgroup v2: the process's own group ("0::/path" in /proc/self/cgroup),
-  // else the root of the namespace (a container's); then v1, whose "no
-  // limit" is a huge number, harmless here.
-  std::optional<size_t> cgroup;
-  if (auto self = read_file("/proc/self/cgroup")) {
-    const size_t at = self->find("0::/");
-    if (at != std::string::npos) {
-      std::string path = self->substr(at + 3, self->find('\n', at) - at - 3);
-      std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
-      cgroup = cgroup_headroom_at((dir + "/memory.max").c_str(), (dir + "/memory.current").c_str());
-    }
+  // A process does not change its cgroup: the directories are found once.
+  static const std::vector<CgroupFiles> cgroups = find_cgroups();
+  for (const CgroupFiles& files : cgroups) {
+    if (auto h = headroom(files)) available = std::min(available, *h);
   }
-  if (!cgroup) {
-    cgroup = cgroup_headroom_at("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current");
-  }
-  if (!cgroup) {
-    cgroup = cgroup_headroom_at("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                "/sys/fs/cgroup/memory/memory.usage_in_bytes");
-  }
-  if (cgroup) available = std::min(available, *cgroup);
   return available;
 }
 

@@ -16,6 +16,7 @@
 #include "aten/python_provider.h"
 #include "aten/rnn_cells.h"
 #include "hal/driver.h"
+#include "hal/system_memory.h"
 #include "python/distributed.h"
 #include "python/flaggems.h"
 #include "runtime/allocator.h"
@@ -230,6 +231,12 @@ PYBIND11_MODULE(_C, m) {
           python::to_index(d));
       return 0;
     });
+  });
+  // For tests: the machine's available memory as the host allocator reads it
+  // (bytes; negative: read the machine again).
+  m.def("_override_available_memory", [](int64_t bytes) {
+    hal::override_available_memory(bytes < 0 ? std::nullopt
+                                             : std::optional<size_t>(static_cast<size_t>(bytes)));
   });
   m.def("_empty_cache", [] {
     guarded([] {

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -158,22 +159,67 @@ TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
   EXPECT_TRUE(d.memoryIsShort(0, (size_t(8) << 20) + 1));
   g_available = 0;
   EXPECT_TRUE(d.memoryIsShort(0, 1));
-  // A configured capacity is the limit that allocate() enforces itself.
-  HostDriver capped(1, size_t(1) << 20, &fake_available);
-  EXPECT_FALSE(capped.memoryIsShort(0, size_t(1) << 30));
+  // A capacity larger than the machine does not hide a short machine.
+  HostDriver capped(1, size_t(1) << 40, &fake_available);
+  EXPECT_TRUE(capped.memoryIsShort(0, size_t(1) << 20));
 }
 
-TEST(SystemMemory, ReadsMemAvailableAndCgroupHeadroom) {
-  using torch_fl::hal::cgroup_headroom;
+TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
+  HostDriver d(1, std::nullopt);
+  for (size_t n : {size_t(1) << 20, (size_t(3) << 20) + 123}) {
+    auto* p = static_cast<unsigned char*>(d.allocate(0, n));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    std::memset(p, 0x5a, n);
+    EXPECT_EQ(p[n - 1], 0x5a);
+    EXPECT_EQ(d.memoryInfo(0).total_bytes - d.memoryInfo(0).free_bytes, n);
+    d.deallocate(0, p, n);
+  }
+}
+
+TEST(SystemMemory, ReadsMemAvailable) {
   using torch_fl::hal::meminfo_available;
   EXPECT_EQ(meminfo_available("MemTotal:  24683656 kB\nMemFree:   23299788 kB\n"
                               "MemAvailable:   23700536 kB\nBuffers: 1 kB\n"),
             size_t(23700536) * 1024);
   EXPECT_FALSE(meminfo_available("MemTotal: 1 kB\n").has_value());
   EXPECT_FALSE(meminfo_available("MemAvailable: garbage\n").has_value());
-  EXPECT_EQ(cgroup_headroom("1073741824\n", "1000\n"), size_t(1073741824) - 1000);
-  EXPECT_EQ(cgroup_headroom("1000\n", "2000\n"), size_t(0));  // over the limit: none left
-  EXPECT_FALSE(cgroup_headroom("max\n", "1000\n").has_value());
-  // This machine's reading: some memory is available to a running test.
-  EXPECT_GT(torch_fl::hal::system_available_memory(), size_t(0));
+  EXPECT_FALSE(meminfo_available("XMemAvailable: 5 kB\n").has_value());
+}
+
+TEST(SystemMemory, CgroupHeadroomLeavesOutReclaimableCache) {
+  using torch_fl::hal::cgroup_headroom;
+  EXPECT_EQ(cgroup_headroom("1073741824\n", "1000\n", ""), size_t(1073741824) - 1000);
+  EXPECT_EQ(cgroup_headroom("1000\n", "2000\n", ""), size_t(0));  // over the limit: none left
+  EXPECT_FALSE(cgroup_headroom("max\n", "1000\n", "").has_value());
+  // A group full of page cache still has room: the kernel reclaims it first.
+  EXPECT_EQ(cgroup_headroom("4096\n", "4000\n", "active_file 10\ninactive_file 3000\n"),
+            size_t(4096 - 1000));
+  EXPECT_EQ(cgroup_headroom("4096\n", "4000\n", "total_inactive_file 3000\n",
+                            "total_inactive_file"),
+            size_t(4096 - 1000));
+  EXPECT_EQ(cgroup_headroom("4096\n", "100\n", "inactive_file 3000\n"), size_t(4096));
+}
+
+TEST(SystemMemory, FindsTheProcessCgroupAndItsAncestors) {
+  using torch_fl::hal::cgroup_memory_dirs;
+  using V = std::vector<std::string>;
+  EXPECT_EQ(cgroup_memory_dirs("0::/user.slice/job/step\n", "/v2", "/v1"),
+            (V{"/v2/user.slice/job/step", "/v2/user.slice/job", "/v2/user.slice", "/v2"}));
+  EXPECT_EQ(cgroup_memory_dirs("0::/", "/v2", "/v1"), (V{"/v2"}));
+  // v1 (and hybrid: a v1 memory controller beside an empty v2 tree)
+  EXPECT_EQ(cgroup_memory_dirs("9:name=systemd:/\n4:memory:/a/b\n1:cpu:/\n0::/", "/v2", "/v1"),
+            (V{"/v1/a/b", "/v1/a", "/v1"}));
+  EXPECT_EQ(cgroup_memory_dirs("5:cpuacct,memory:/x", "/v2", "/v1"), (V{"/v1/x", "/v1"}));
+  EXPECT_TRUE(cgroup_memory_dirs("garbage", "/v2", "/v1").empty());
+  EXPECT_TRUE(cgroup_memory_dirs("", "/v2", "/v1").empty());
+}
+
+TEST(SystemMemory, OverrideIsWhatTheMachineReads) {
+  using torch_fl::hal::override_available_memory;
+  using torch_fl::hal::system_available_memory;
+  override_available_memory(size_t(12345));
+  EXPECT_EQ(system_available_memory(), size_t(12345));
+  override_available_memory(std::nullopt);
+  EXPECT_NE(system_available_memory(), size_t(12345));
 }

@@ -244,6 +244,36 @@ def test_empty_cache_lowers_memory_reserved():
     assert after >= torch.flagos.memory_allocated()
 
 
+@pytest.mark.skipif(torch_fl.driver() == "cuda", reason="the host driver's allocator")
+def test_cache_goes_back_before_a_new_block_when_the_machine_is_short():
+    # The host driver's allocations succeed until the OOM killer strikes, so the
+    # allocator asks whether the machine has room for a new large block, and
+    # gives its cache back first when it has not.
+    torch.flagos.empty_cache()
+    cached = torch.empty(4 * MiB, dtype=torch.uint8, device="flagos")
+    del cached
+    assert torch.flagos.memory_reserved() >= 4 * MiB
+    retries = torch.flagos.memory_stats()["num_alloc_retries"]
+    try:
+        torch_fl._C._override_available_memory(64 * MiB)  # room: the cache stays
+        a = torch.empty(8 * MiB, dtype=torch.uint8, device="flagos")
+        assert torch.flagos.memory_reserved() >= 12 * MiB
+        assert torch.flagos.memory_stats()["num_alloc_retries"] == retries
+        del a  # two blocks cached now
+        torch_fl._C._override_available_memory(1 * MiB)  # short: the cache goes back
+        b = torch.empty(16 * MiB, dtype=torch.uint8, device="flagos")
+        assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
+        assert torch.flagos.memory_stats()["num_alloc_retries"] == retries + 1
+        b.fill_(5)
+        assert int(b[-1]) == 5
+        # Small blocks never ask (reading the machine costs more than they do).
+        small = torch.empty(1000, device="flagos")
+        assert torch.flagos.memory_stats()["num_alloc_retries"] == retries + 1
+        del b, small
+    finally:
+        torch_fl._C._override_available_memory(-1)
+
+
 def test_memory_stats_keys_and_consistency():
     before = torch.flagos.memory_stats()
     t = torch.randn(1000, device="flagos")
