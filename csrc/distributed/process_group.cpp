@@ -41,11 +41,13 @@ void check_numel(std::string_view op, std::string_view what, const at::Tensor& t
                     " elements; the group has ", size, " ranks, so it needs ", want);
 }
 
-// An output and the input it is made from have one dtype (NCCL requires it;
-// gloo's own message would name the CPU views it is given).
+// An output and the input it is made from have one dtype: NCCL's
+// all_gather_into_tensor and reduce_scatter_tensor raise TypeError otherwise,
+// its coalesced forms and all_to_all_single would reinterpret the bytes, and
+// gloo's own message names the CPU views flagos hands it.
 void check_dtype(std::string_view op, std::string_view what, const at::Tensor& t,
                  std::string_view from, const at::Tensor& source) {
-  TORCH_CHECK_VALUE(t.scalar_type() == source.scalar_type(), "flagos backend: ", op, ": ", what,
+  TORCH_CHECK_TYPE(t.scalar_type() == source.scalar_type(), "flagos backend: ", op, ": ", what,
                     " is ", t.scalar_type(), " but ", from, " is ", source.scalar_type(),
                     "; the output of a collective has its input's dtype");
 }

@@ -83,11 +83,13 @@ def same(actual, expected, what):
                              f"{expected.tolist()} ({expected.dtype})")
 
 
-def expect_error(fn, *fragments):
-    """Runs fn; it must raise, with every fragment in the message."""
+def expect_error(fn, *fragments, kind=Exception):
+    """Runs fn; it must raise `kind`, with every fragment in the message."""
     try:
         fn()
     except Exception as e:  # noqa: BLE001
+        if not isinstance(e, kind):
+            raise AssertionError(f"raised {type(e).__name__}, not {kind.__name__}: {e}") from None
         msg = str(e)
         missing = [f for f in fragments if f not in msg]
         if missing:
@@ -603,7 +605,7 @@ def errors():
         lambda: dist.all_gather_into_tensor(on(torch.empty(WORLD * 6, dtype=torch.float64)),
                                             on(data(RANK))),
         "all_gather_into_tensor", "output_tensor is Double", "input_tensor is Float",
-        "input's dtype"))
+        "input's dtype", kind=TypeError))  # NCCL's type too
     record("all_to_all_wrong_world_size", lambda: expect_error(
         lambda: dist.all_to_all([on(torch.empty(2))] * (WORLD + 1), [on(torch.empty(2))] * (WORLD + 1)),
         "all_to_all", f"{WORLD} ranks"))
