@@ -3,8 +3,9 @@
 //
 // PyTorch builds such a tensor for any device without dispatching to it
 // (torch.sparse_csr_tensor(..., device="flagos"), cpu_csr.to("flagos")), so
-// flagos cannot refuse one where it is made. Every operator on it is refused
-// (strided_only.cpp), but the accessors are PyTorch's device-independent ones:
+// flagos cannot refuse one where it is made. Every operator that needs a
+// kernel of the layout's own is refused (strided_only.cpp), but the accessors
+// are PyTorch's device-independent ones:
 // they hand out the dense component tensors, which are ordinary flagos
 // tensors. With them `.cpu()` (a composite copy, component by component),
 // `.values()`, `.crow_indices()` and the like work, as on CUDA.
@@ -13,7 +14,9 @@
 #include <ATen/ops/ccol_indices_native.h>
 #include <ATen/ops/col_indices_native.h>
 #include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/dense_dim_native.h>
 #include <ATen/ops/row_indices_native.h>
+#include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/values_native.h>
 #include <torch/library.h>
 
@@ -26,6 +29,8 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
   m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
   m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
 }
 
 }  // namespace torch_fl::aten

@@ -1,7 +1,9 @@
 // Flagos tensors are strided, dense and not quantized. A sparse, nested or
 // quantized tensor made with a flagos device gets a dispatch key of its own
 // (SparsePrivateUse1, SparseCsrPrivateUse1, NestedTensorPrivateUse1,
-// QuantizedPrivateUse1), for which flagos registers no kernels; PyTorch's
+// QuantizedPrivateUse1), for which flagos registers no computing kernels
+// (sparse_compressed.cpp serves the accessors that bring a sparse compressed
+// tensor's data back); PyTorch's
 // own message for that ("Could not run ... 'Sparseflagos' backend ... omitted
 // during the selective/custom build") points the user at their build. These
 // fallbacks take exactly the calls that would fail that way (a kernel

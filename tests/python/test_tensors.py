@@ -912,6 +912,7 @@ def test_sparse_compressed_tensor_on_flagos_comes_back(layout):
     back = t.cpu()
     assert back.layout == cpu.layout and torch.equal(back.to_dense(), dense)
     assert t._nnz() == cpu._nnz()
+    assert (t.sparse_dim(), t.dense_dim()) == (cpu.sparse_dim(), cpu.dense_dim())
     assert t.values().device.type == "flagos" and torch.equal(t.values().cpu(), cpu.values())
     compressed, plain = ((t.crow_indices, t.col_indices) if layout in ("csr", "bsr")
                          else (t.ccol_indices, t.row_indices))
