@@ -135,7 +135,7 @@ MemoryInfo HostDriver::memoryInfo(int device) const {
 }
 
 bool HostDriver::memoryIsShort(int /*device*/, size_t nbytes) const {
-  return nbytes > available_();
+  return nbytes > available_(nbytes);
 }
 
 void HostDriver::copy(void* dst, const void* src, size_t nbytes,

@@ -28,7 +28,7 @@ class HostDriver final : public Driver {
   static void check_environment();
   // For tests: explicit device count and per-device capacity (nullopt: none),
   // and the machine's available memory (system_memory.h).
-  using AvailableMemory = size_t (*)();
+  using AvailableMemory = size_t (*)(size_t enough);
   HostDriver(int device_count, std::optional<size_t> capacity,
              AvailableMemory available = &system_available_memory);
   ~HostDriver() override;

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <charconv>
 #include <cstdint>
-#include <sys/stat.h>
 
 namespace torch_fl::hal {
 namespace {
@@ -35,9 +34,12 @@ std::optional<size_t> field(std::string_view text, std::string_view key) {
   return std::nullopt;
 }
 
-// A small /proc or /sys file, read with one system call into `buffer`
-// (no stream, no allocation: this runs under the allocator's lock).
-std::optional<std::string_view> read_small(const char* path, std::array<char, 8192>& buffer) {
+// A small /proc or /sys file, read into `buffer` with plain system calls:
+// no stream and no heap, since this runs under the allocator's lock, and one
+// small buffer reused, since it may run on a thread with a small stack. A
+// file longer than the buffer is cut short: a key past the cut is not found.
+using Buffer = std::array<char, 4096>;
+std::optional<std::string_view> read_small(const char* path, Buffer& buffer) {
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   size_t n = 0;
@@ -50,42 +52,51 @@ std::optional<std::string_view> read_small(const char* path, std::array<char, 81
   return std::string_view(buffer.data(), n);
 }
 
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+// The headroom under `limit` of a group using `usage`, `inactive` of it
+// reclaimable page cache; nullopt without a limit or a usage.
+std::optional<size_t> headroom_of(std::optional<size_t> limit, std::optional<size_t> usage,
+                                  std::optional<size_t> inactive) {
+  if (!limit || !usage) return std::nullopt;
+  const size_t working = *usage - std::min(*usage, inactive.value_or(0));
+  return *limit > working ? *limit - working : 0;
 }
 
-// The files of one cgroup directory, by version.
-struct CgroupFiles {
-  std::string limit, usage, stat;
+// A memory cgroup with a limit: the limit, read once (a limit changed while
+// the process runs is not seen), and its files.
+struct Cgroup {
+  size_t limit;
+  std::string usage, stat;
   const char* inactive_key;
 };
 
-std::vector<CgroupFiles> find_cgroups() {
-  std::array<char, 8192> buffer;
+// v1 writes its "no limit" as a huge number (LONG_MAX rounded to a page).
+constexpr size_t kNoLimit = size_t{1} << 60;
+
+std::vector<Cgroup> find_cgroups() {
+  Buffer buffer;
   auto self = read_small("/proc/self/cgroup", buffer);
   if (!self) return {};
-  std::vector<CgroupFiles> found;
-  for (const std::string& dir : cgroup_memory_dirs(*self, "/sys/fs/cgroup", "/sys/fs/cgroup/memory")) {
-    if (!is_dir(dir)) continue;
-    if (::access((dir + "/memory.max").c_str(), R_OK) == 0) {
-      found.push_back({dir + "/memory.max", dir + "/memory.current", dir + "/memory.stat",
-                       "inactive_file"});
-    } else if (::access((dir + "/memory.limit_in_bytes").c_str(), R_OK) == 0) {
-      found.push_back({dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes",
-                       dir + "/memory.stat", "total_inactive_file"});
-    }
+  std::vector<Cgroup> found;
+  for (const std::string& dir :
+       cgroup_memory_dirs(std::string(*self), "/sys/fs/cgroup", "/sys/fs/cgroup/memory")) {
+    const bool v2 = ::access((dir + "/memory.max").c_str(), R_OK) == 0;
+    auto text = read_small((dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes")).c_str(), buffer);
+    const auto limit = text ? parse_size(*text) : std::nullopt;  // "max" does not parse
+    if (!limit || *limit >= kNoLimit) continue;
+    found.push_back({*limit, dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"),
+                     dir + "/memory.stat", v2 ? "inactive_file" : "total_inactive_file"});
   }
   return found;
 }
 
-std::optional<size_t> headroom(const CgroupFiles& files) {
-  std::array<char, 8192> limit_buf, usage_buf, stat_buf;
-  auto limit = read_small(files.limit.c_str(), limit_buf);
-  auto usage = read_small(files.usage.c_str(), usage_buf);
-  if (!limit || !usage) return std::nullopt;
-  auto stat = read_small(files.stat.c_str(), stat_buf);
-  return cgroup_headroom(*limit, *usage, stat.value_or(std::string_view()), files.inactive_key);
+// The group's headroom; exact up to `enough` (see system_available_memory).
+std::optional<size_t> headroom(const Cgroup& group, size_t enough, Buffer& buffer) {
+  auto text = read_small(group.usage.c_str(), buffer);
+  const auto usage = text ? parse_size(*text) : std::nullopt;
+  const auto bound = headroom_of(group.limit, usage, std::nullopt);  // cache counted as used
+  if (!bound || *bound > enough) return bound;
+  text = read_small(group.stat.c_str(), buffer);
+  return headroom_of(group.limit, usage, text ? field(*text, group.inactive_key) : std::nullopt);
 }
 
 std::atomic<int64_t> g_override{-1};
@@ -100,11 +111,7 @@ std::optional<size_t> meminfo_available(std::string_view meminfo) {
 
 std::optional<size_t> cgroup_headroom(std::string_view limit, std::string_view usage,
                                       std::string_view stat, std::string_view inactive_key) {
-  auto l = parse_size(limit);  // "max" (no limit) does not parse
-  auto u = parse_size(usage);
-  if (!l || !u) return std::nullopt;
-  const size_t working = *u - std::min(*u, field(stat, inactive_key).value_or(0));
-  return *l > working ? *l - working : 0;
+  return headroom_of(parse_size(limit), parse_size(usage), field(stat, inactive_key));
 }
 
 std::vector<std::string> cgroup_memory_dirs(std::string_view proc_self_cgroup,
@@ -153,17 +160,17 @@ void override_available_memory(std::optional<size_t> bytes) {
   g_override.store(bytes ? static_cast<int64_t>(std::min<size_t>(*bytes, INT64_MAX)) : -1);
 }
 
-size_t system_available_memory() {
+size_t system_available_memory(size_t enough) {
   if (const int64_t o = g_override.load(); o >= 0) return static_cast<size_t>(o);
   size_t available = SIZE_MAX;
-  std::array<char, 8192> buffer;
+  Buffer buffer;
   if (auto text = read_small("/proc/meminfo", buffer)) {
     if (auto a = meminfo_available(*text)) available = *a;
   }
-  // A process does not change its cgroup: the directories are found once.
-  static const std::vector<CgroupFiles> cgroups = find_cgroups();
-  for (const CgroupFiles& files : cgroups) {
-    if (auto h = headroom(files)) available = std::min(available, *h);
+  // A process does not change its cgroup: the limited groups are found once.
+  static const std::vector<Cgroup> cgroups = find_cgroups();
+  for (const Cgroup& group : cgroups) {
+    if (auto h = headroom(group, enough, buffer)) available = std::min(available, *h);
   }
   return available;
 }

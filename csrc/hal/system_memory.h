@@ -15,10 +15,12 @@
 
 namespace torch_fl::hal {
 
-// Bytes available; SIZE_MAX when the machine says nothing readable. About
-// 10 µs (a few small /proc and /sys reads); the cgroup directories are found
-// once per process.
-size_t system_available_memory();
+// Bytes available; SIZE_MAX when the machine says nothing readable. Exact up
+// to `enough`: a figure above it may be a lower bound (a group's page cache is
+// read only when the group is close to its limit). A few small /proc and /sys
+// reads (MemAvailable, the usage of each limited group); the limited groups
+// and their limits are found once per process.
+size_t system_available_memory(size_t enough = SIZE_MAX);
 
 // For tests: make system_available_memory() return `bytes` (nullopt: read the
 // machine again).

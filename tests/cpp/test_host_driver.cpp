@@ -150,7 +150,7 @@ TEST(HostDriver, EventOfOneDeviceCannotBeRecordedOnAnother) {
 // Without a capacity, the host driver's allocations succeed until the OOM
 // killer strikes: it tells the caching allocator when the machine is short.
 size_t g_available = 0;
-size_t fake_available() { return g_available; }
+size_t fake_available(size_t /*enough*/) { return g_available; }
 
 TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
   HostDriver d(1, std::nullopt, &fake_available);
