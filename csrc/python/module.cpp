@@ -24,6 +24,7 @@
 #include "routing/config.h"
 #include "routing/table.h"
 #include "runtime/generator.h"
+#include "runtime/stream.h"
 
 namespace py = pybind11;
 
@@ -237,6 +238,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_override_available_memory", [](int64_t bytes) {
     hal::override_available_memory(bytes < 0 ? std::nullopt
                                              : std::optional<size_t>(static_cast<size_t>(bytes)));
+  });
+  // A host-driver stream's priority, and the range (least, greatest).
+  m.def("_stream_priority", [](int64_t id) { return runtime::stream_priority(id); });
+  m.def("_stream_priority_range", [] {
+    return std::make_pair(runtime::kLeastPriority, runtime::kGreatestPriority);
   });
   m.def("_empty_cache", [] {
     guarded([] {

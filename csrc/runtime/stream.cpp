@@ -39,8 +39,7 @@ thread_local std::array<int16_t, kMaxDevices> tls_current{};
 
 hal::StreamHandle create_handle(c10::DeviceIndex device, c10::StreamId id) {
   if (id == 0) return driver().defaultStream(device);
-  int priority = (id > kStreamPoolSize && id <= 2 * kStreamPoolSize) ? -1 : 0;
-  return driver().createStream(device, priority);
+  return driver().createStream(device, stream_priority(id));
 }
 
 hal::StreamHandle handle_for(c10::DeviceIndex device, c10::StreamId id) {
@@ -61,6 +60,10 @@ c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id) {
 }
 
 }  // namespace
+
+int stream_priority(c10::StreamId id) noexcept {
+  return id > kStreamPoolSize && id <= 2 * kStreamPoolSize ? kGreatestPriority : kLeastPriority;
+}
 
 c10::Stream default_stream(c10::DeviceIndex device) {
   device = resolve_device(device);

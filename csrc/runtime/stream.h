@@ -26,6 +26,13 @@ c10::StreamId current_stream_id_unchecked(c10::DeviceIndex device) noexcept;
 // Makes `stream` current for its device on this thread; returns the previous.
 c10::Stream exchange_stream(c10::Stream stream);
 
+// The priority of a host-driver stream id (the cuda driver's streams are
+// CUDA's, which know their own): -1 for the high-priority pool, else 0.
+// The range is (kLeastPriority, kGreatestPriority), CUDA's order.
+constexpr int kLeastPriority = 0;
+constexpr int kGreatestPriority = -1;
+int stream_priority(c10::StreamId id) noexcept;
+
 // The driver handle behind a flagos stream; throws for an unknown id.
 hal::StreamHandle stream_handle(const c10::Stream& stream);
 // The driver handle of the current stream of `device` (any driver).

@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+import torch_fl
 
 DEV1 = torch.device("flagos", 1)
 two_devices = pytest.mark.skipif(torch.flagos.device_count() < 2, reason="needs two flagos devices")
@@ -266,3 +267,19 @@ def test_event_on_device_1_stream():
     # (the cuda driver forwards to PyTorch's CUDA guard, which words it so)
     with pytest.raises(RuntimeError, match="flagos:1.*flagos:0|device index 1.*device index 0"):
         e.record(torch.flagos.default_stream(0))
+
+
+def test_stream_priority_and_its_range_as_torch_cuda_gives_them():
+    least, greatest = torch.flagos.Stream.priority_range()
+    assert greatest < least  # lower is higher, CUDA's order
+    if torch_fl.driver() == "cuda":  # the streams are CUDA's
+        assert (least, greatest) == torch.cuda.Stream.priority_range()
+    assert torch.flagos.default_stream().priority == least
+    assert torch.flagos.Stream().priority == least
+    high = torch.flagos.Stream(priority=greatest)
+    assert high.priority == greatest
+    assert torch.flagos.Stream(priority=greatest - 7).priority == greatest  # clamped, as CUDA does
+    with torch.flagos.stream(high):
+        current = torch.flagos.current_stream()
+        assert isinstance(current, torch.flagos.Stream) and current == high
+        assert current.priority == greatest

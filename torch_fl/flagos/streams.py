@@ -2,7 +2,10 @@
 
 import torch
 
-from ._device import _device_index, current_device
+from .. import _C
+from ._device import _device_index, _on_cuda, current_device
+
+_CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, as torch.Stream's device_type takes it
 
 _FLAGOS_DEVICE_TYPE = None
 
@@ -20,6 +23,21 @@ class Stream(torch.Stream):
             return super().__new__(cls, **kwargs)
         return super().__new__(cls, device=_torch_device(device), priority=priority)
 
+    @property
+    def priority(self) -> int:
+        """The stream's priority: lower is higher, as ``torch.cuda.Stream.priority``."""
+        if _on_cuda():  # the cuda driver's streams are CUDA's
+            return torch.cuda.Stream(stream_id=self.stream_id, device_index=self.device_index,
+                                     device_type=_CUDA_DEVICE_TYPE).priority
+        return _C._stream_priority(self.stream_id)
+
+    @staticmethod
+    def priority_range() -> tuple:
+        """(least, greatest) priority a stream can have, as ``torch.cuda.Stream.priority_range()``."""
+        if _on_cuda():
+            return torch.cuda.Stream.priority_range()
+        return tuple(_C._stream_priority_range())
+
 
 class Event:
     """A flagos event: ``torch.flagos.Event(enable_timing=True)``.
@@ -35,13 +53,14 @@ class Event:
         )
 
 
-def current_stream(device=None) -> torch.Stream:
-    return torch.accelerator.current_stream(_torch_device(device))
+def current_stream(device=None) -> Stream:
+    s = torch.accelerator.current_stream(_torch_device(device))
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-def default_stream(device=None) -> torch.Stream:
+def default_stream(device=None) -> Stream:
     dev = _torch_device(device)
-    return torch.Stream(stream_id=0, device_index=dev.index, device_type=_device_type())
+    return Stream(stream_id=0, device_index=dev.index, device_type=_device_type())
 
 
 def _device_type() -> int:
