@@ -2,6 +2,7 @@
 
 import os
 import re
+import warnings
 
 import pytest
 import torch
@@ -463,3 +464,35 @@ def test_cuda_names_a_ported_script_uses():
     assert torch.flagos.can_device_access_peer(0, f"flagos:{last}") is want
     with pytest.raises(RuntimeError, match="device index is out of range"):
         torch.flagos.can_device_access_peer(0, last + 1)
+
+
+@pytest.mark.parametrize("mode, value", [("default", 0), ("warn", 1), ("error", 2), (1, 1)])
+def test_sync_debug_mode_round_trips(mode, value):
+    try:
+        torch.flagos.set_sync_debug_mode(mode)
+        assert torch.flagos.get_sync_debug_mode() == value
+    finally:
+        torch.flagos.set_sync_debug_mode(0)
+    assert torch.flagos.get_sync_debug_mode() == 0
+
+
+@pytest.mark.parametrize("bad", ["loud", 3, -1, True, None, 1.0])
+def test_sync_debug_mode_refuses_other_values(bad):
+    with pytest.raises(RuntimeError, match=r"debug_mode .*'default' \(0\), 'warn' \(1\), 'error' \(2\)"):
+        torch.flagos.set_sync_debug_mode(bad)
+    assert torch.flagos.get_sync_debug_mode() == 0
+
+
+def test_sync_debug_mode_warns_where_flagos_waits_for_the_device():
+    x = torch.randn(100, device="flagos")
+    torch.flagos.set_sync_debug_mode("warn")
+    try:
+        if torch_fl.driver() == "cuda":  # CUDA's setting: .item() waits for the GPU
+            with pytest.warns(UserWarning, match="synchronizing"):
+                x.sum().item()
+        else:  # the host driver never waits for the device
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                x.sum().item()
+    finally:
+        torch.flagos.set_sync_debug_mode("default")

@@ -155,6 +155,40 @@ def synchronize(device=None) -> None:
     _C._synchronize(_device_index(device))
 
 
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+_host_sync_debug_mode = 0
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """Warns (``"warn"``, 1) or raises (``"error"``, 2) on operations that wait for the device,
+    as ``torch.cuda.set_sync_debug_mode``; ``"default"`` (0) turns that off.
+
+    On the cuda driver flagos work runs CUDA's kernels on CUDA's streams, so this is CUDA's own
+    setting. The host driver runs every operation to its end as it is called: nothing ever waits
+    for the device there, so no operation warns or raises; the mode is kept for
+    ``get_sync_debug_mode``.
+    """
+    global _host_sync_debug_mode
+    if isinstance(debug_mode, str):
+        mode = _SYNC_DEBUG_MODES.get(debug_mode)
+    elif isinstance(debug_mode, int) and not isinstance(debug_mode, bool):
+        mode = debug_mode if debug_mode in _SYNC_DEBUG_MODES.values() else None
+    else:
+        mode = None
+    if mode is None:
+        raise RuntimeError(f"invalid value of debug_mode {debug_mode!r}, expected one of "
+                           "'default' (0), 'warn' (1), 'error' (2)")
+    if _on_cuda():
+        torch.cuda.set_sync_debug_mode(mode)
+    else:
+        _host_sync_debug_mode = mode
+
+
+def get_sync_debug_mode() -> int:
+    """The mode ``set_sync_debug_mode`` set: 0 (default), 1 (warn) or 2 (error)."""
+    return torch.cuda.get_sync_debug_mode() if _on_cuda() else _host_sync_debug_mode
+
+
 class device:
     """Context manager that makes ``device`` current and restores the previous one."""
 
