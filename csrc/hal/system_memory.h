@@ -8,6 +8,7 @@
 // waiting for a failure.
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
