@@ -525,3 +525,25 @@ def test_non_blocking_copy_from_pinned_to_flagos():
     back.copy_(dst, non_blocking=True)
     torch.flagos.synchronize()
     assert torch.equal(back, src)
+
+
+def test_memory_snapshot_and_history_are_cudas_on_the_cuda_driver():
+    if torch_fl.driver() != "cuda":
+        for call in (torch.flagos.memory_snapshot, torch.flagos.memory._snapshot,
+                     torch.flagos.memory._record_memory_history):
+            with pytest.raises(RuntimeError, match=r"host driver's allocator records no segments"
+                                                   r".*memory_stats\(\) and memory_summary\(\)"):
+                call()
+        return
+    torch.flagos.memory._record_memory_history(max_entries=1000)
+    try:
+        t = torch.empty(3 * MiB, dtype=torch.uint8, device="flagos")
+        ptr = t.data_ptr()
+        segments = torch.flagos.memory_snapshot()
+        assert any(s["address"] <= ptr < s["address"] + s["total_size"] for s in segments)
+        snap = torch.flagos.memory._snapshot()
+        traces = [e for trace in snap["device_traces"] for e in trace]
+        assert any(e["action"] == "alloc" and e["addr"] == ptr for e in traces)
+        del t
+    finally:
+        torch.flagos.memory._record_memory_history(enabled=None)

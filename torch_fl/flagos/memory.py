@@ -2,8 +2,10 @@
 
 import warnings
 
+import torch
+
 from .. import _C
-from ._device import _device_index, _index_or_current
+from ._device import _device_index, _index_or_current, _on_cuda
 
 
 def memory_stats(device=None) -> dict:
@@ -152,3 +154,40 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
                       *map(fmt, rows[1:]), rule,
                       f"Allocation retries: {stats['num_alloc_retries']}    "
                       f"Out-of-memory errors: {stats['num_ooms']}", rule])
+
+
+# ---- snapshots and the memory history (the memory visualizer's input) ------------------------
+# On the cuda driver flagos memory is CUDA's caching allocator, so these are
+# torch.cuda.memory's own, over flagos and CUDA tensors alike. The host
+# driver's allocator caches whole blocks and records no history: it refuses.
+
+
+def _cuda_memory(what: str):
+    if not _on_cuda():
+        raise RuntimeError(
+            f"torch.flagos.memory.{what}: the host driver's allocator records no segments or "
+            "allocation history (it caches whole blocks and never splits them); memory_stats() "
+            "and memory_summary() describe it. On the cuda driver this is torch.cuda's own.")
+    return torch.cuda.memory
+
+
+def memory_snapshot(*args, **kwargs) -> list:
+    """The allocator's segments and their blocks, as ``torch.cuda.memory_snapshot()``."""
+    return _cuda_memory("memory_snapshot").memory_snapshot(*args, **kwargs)
+
+
+def _record_memory_history(*args, **kwargs) -> None:
+    """Starts (or, with ``enabled=None``, stops) recording allocations with their stack traces,
+    as ``torch.cuda.memory._record_memory_history``."""
+    return _cuda_memory("_record_memory_history")._record_memory_history(*args, **kwargs)
+
+
+def _snapshot(device=None, **kwargs) -> dict:
+    """Segments, blocks and the recorded history, as ``torch.cuda.memory._snapshot``."""
+    memory = _cuda_memory("_snapshot")
+    return memory._snapshot(None if device is None else _index_or_current(device), **kwargs)
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickles ``_snapshot()`` to ``filename`` for https://pytorch.org/memory_viz."""
+    return _cuda_memory("_dump_snapshot")._dump_snapshot(filename)
