@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hal/env.h"
+#include "hal/system_memory.h"
 
 namespace torch_fl::hal {
 namespace {
@@ -66,9 +67,8 @@ void HostDriver::check_environment() {
   env_byte_size("FLAGOS_HOST_MEMORY_LIMIT");
 }
 
-HostDriver::HostDriver(int device_count, std::optional<size_t> capacity,
-                       AvailableMemory available)
-    : capacity_(capacity), available_(available) {
+HostDriver::HostDriver(int device_count, std::optional<size_t> capacity)
+    : capacity_(capacity) {
   if (device_count < 1 || device_count > kMaxHostDevices) {
     throw ConfigError("host driver device count " + std::to_string(device_count) +
                       " is out of range 1.." + std::to_string(kMaxHostDevices));
@@ -135,7 +135,7 @@ MemoryInfo HostDriver::memoryInfo(int device) const {
 }
 
 bool HostDriver::memoryIsShort(int /*device*/, size_t nbytes) const {
-  return nbytes > available_(nbytes);
+  return nbytes > system_available_memory(nbytes);
 }
 
 void HostDriver::copy(void* dst, const void* src, size_t nbytes,

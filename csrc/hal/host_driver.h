@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "hal/driver.h"
-#include "hal/system_memory.h"
 
 namespace torch_fl::hal {
 
@@ -26,11 +25,8 @@ class HostDriver final : public Driver {
   // Throws ConfigError when FLAGOS_HOST_* holds a malformed value; run
   // whichever driver is chosen, so a mistake never hides behind another one.
   static void check_environment();
-  // For tests: explicit device count and per-device capacity (nullopt: none),
-  // and the machine's available memory (system_memory.h).
-  using AvailableMemory = size_t (*)(size_t enough);
-  HostDriver(int device_count, std::optional<size_t> capacity,
-             AvailableMemory available = &system_available_memory);
+  // For tests: explicit device count and per-device capacity (nullopt: none).
+  HostDriver(int device_count, std::optional<size_t> capacity);
   ~HostDriver() override;
 
   std::string_view name() const noexcept override { return "host"; }
@@ -71,7 +67,6 @@ class HostDriver final : public Driver {
   struct Device;
   std::vector<std::unique_ptr<Device>> devices_;
   std::optional<size_t> capacity_;
-  AvailableMemory available_;
 };
 
 }  // namespace torch_fl::hal

@@ -4,13 +4,14 @@
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "hal/host_driver.h"
+#include "hal/system_memory.h"
 
 using torch_fl::hal::CopyKind;
 using torch_fl::hal::Error;
@@ -149,19 +150,18 @@ TEST(HostDriver, EventOfOneDeviceCannotBeRecordedOnAnother) {
 
 // Without a capacity, the host driver's allocations succeed until the OOM
 // killer strikes: it tells the caching allocator when the machine is short.
-size_t g_available = 0;
-size_t fake_available(size_t /*enough*/) { return g_available; }
-
 TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
-  HostDriver d(1, std::nullopt, &fake_available);
-  g_available = size_t(8) << 20;
+  using torch_fl::hal::override_available_memory;
+  HostDriver d(1, std::nullopt);
+  override_available_memory(size_t(8) << 20);
   EXPECT_FALSE(d.memoryIsShort(0, size_t(8) << 20));
   EXPECT_TRUE(d.memoryIsShort(0, (size_t(8) << 20) + 1));
-  g_available = 0;
+  override_available_memory(size_t(0));
   EXPECT_TRUE(d.memoryIsShort(0, 1));
   // A capacity larger than the machine does not hide a short machine.
-  HostDriver capped(1, size_t(1) << 40, &fake_available);
+  HostDriver capped(1, size_t(1) << 40);
   EXPECT_TRUE(capped.memoryIsShort(0, size_t(1) << 20));
+  override_available_memory(std::nullopt);
 }
 
 TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
