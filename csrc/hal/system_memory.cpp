@@ -20,16 +20,23 @@ std::optional<size_t> parse_size(std::string_view text) {
   return value;
 }
 
+// The text up to the first `sep` (all of it when there is none); `rest`
+// moves past that separator.
+std::string_view next_piece(std::string_view& rest, char sep) {
+  const size_t at = std::min(rest.find(sep), rest.size());
+  const std::string_view piece = rest.substr(0, at);
+  rest.remove_prefix(std::min(at + 1, rest.size()));
+  return piece;
+}
+
 // The value after `key` at the start of a line of `text` ("key value").
 std::optional<size_t> field(std::string_view text, std::string_view key) {
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    std::string_view line = text.substr(at, end - at);
+  while (!text.empty()) {
+    const std::string_view line = next_piece(text, '\n');
     if (line.size() > key.size() && line.substr(0, key.size()) == key &&
         (line[key.size()] == ' ' || line[key.size()] == '\t')) {
       return parse_size(line.substr(key.size()));
     }
-    at = end + 1;
   }
   return std::nullopt;
 }
@@ -77,8 +84,10 @@ std::vector<Cgroup> find_cgroups() {
   auto self = read_small("/proc/self/cgroup", buffer);
   if (!self) return {};
   std::vector<Cgroup> found;
+  // The directories are strings of their own: reading the limits below may
+  // reuse `buffer`, which `self` points into.
   for (const std::string& dir :
-       cgroup_memory_dirs(std::string(*self), "/sys/fs/cgroup", "/sys/fs/cgroup/memory")) {
+       cgroup_memory_dirs(*self, "/sys/fs/cgroup", "/sys/fs/cgroup/memory")) {
     const bool v2 = ::access((dir + "/memory.max").c_str(), R_OK) == 0;
     auto text = read_small((dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes")).c_str(), buffer);
     const auto limit = text ? parse_size(*text) : std::nullopt;  // "max" does not parse
@@ -117,35 +126,21 @@ std::optional<size_t> cgroup_headroom(std::string_view limit, std::string_view u
 std::vector<std::string> cgroup_memory_dirs(std::string_view proc_self_cgroup,
                                             std::string_view v2_mount,
                                             std::string_view v1_mount) {
-  std::string_view v2_path, v1_path;
-  bool v2 = false, v1 = false;
-  for (size_t at = 0; at < proc_self_cgroup.size();) {
-    const size_t end = std::min(proc_self_cgroup.find('\n', at), proc_self_cgroup.size());
-    std::string_view line = proc_self_cgroup.substr(at, end - at);
-    at = end + 1;
-    const size_t c1 = line.find(':');
-    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
-    if (c2 == std::string_view::npos) continue;
-    std::string_view id = line.substr(0, c1), controllers = line.substr(c1 + 1, c2 - c1 - 1);
-    std::string_view path = line.substr(c2 + 1);
-    if (id == "0" && controllers.empty()) {
-      v2 = true;
-      v2_path = path;
-    } else {
-      for (size_t s = 0; s <= controllers.size();) {  // "memory" among "a,b,memory"
-        const size_t e = std::min(controllers.find(',', s), controllers.size());
-        if (controllers.substr(s, e - s) == "memory") {
-          v1 = true;
-          v1_path = path;
-        }
-        s = e + 1;
-      }
+  std::optional<std::string_view> v2_path, v1_path;
+  while (!proc_self_cgroup.empty()) {  // "id:controllers:path" lines
+    std::string_view line = next_piece(proc_self_cgroup, '\n');
+    if (std::count(line.begin(), line.end(), ':') < 2) continue;
+    const std::string_view id = next_piece(line, ':');
+    std::string_view controllers = next_piece(line, ':');
+    if (id == "0" && controllers.empty()) v2_path = line;
+    while (!controllers.empty()) {  // "memory" among "a,b,memory"
+      if (next_piece(controllers, ',') == "memory") v1_path = line;
     }
   }
   // A v1 memory controller wins: on a hybrid system the v2 tree has none.
-  const std::string_view mount = v1 ? v1_mount : v2_mount;
-  std::string_view path = v1 ? v1_path : v2_path;
-  if (!v1 && !v2) return {};
+  if (!v1_path && !v2_path) return {};
+  const std::string_view mount = v1_path ? v1_mount : v2_mount;
+  std::string_view path = v1_path ? *v1_path : *v2_path;
   std::vector<std::string> dirs;
   while (!path.empty() && path.back() == '/') path.remove_suffix(1);
   for (;;) {
