@@ -8,6 +8,9 @@ from torch._inductor.codegen.common import register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
+from torch._inductor.codegen.wrapper import (
+    SubgraphPythonWrapperCodegen as _SubgraphPythonWrapperCodegen,
+)
 
 from . import _compat, _native
 
@@ -30,25 +33,35 @@ class HostDeviceOpOverrides(CpuDeviceOpOverrides):
         return f"torch.flagos.device({device_idx})"
 
 
-class FlagosHostWrapperCodegen(_PythonWrapperCodegen):
-    """Inductor's Python wrapper; buffers name their flagos device index.
+class _IndexedAllocations:
+    """Buffers name their flagos device index.
 
     Inductor allocates buffers by device type and relies on a device guard for
     the index, but emits guards only for GPU types. Host-driver devices are not
-    GPUs (their kernels are C++), so the index goes into the allocation itself.
+    GPUs (their kernels are C++), so the index goes into the allocation itself:
+    in the main graph and in every subgraph (torch.cond's branches, while_loop's
+    body, nested_compile_region), whose buffers are on the same device.
     """
-
-    @staticmethod
-    def create(is_subgraph, *args, **kwargs):
-        if is_subgraph:
-            return _PythonWrapperCodegen.create(is_subgraph, *args, **kwargs)
-        return FlagosHostWrapperCodegen()
 
     def make_allocation(self, name, device, *args, **kwargs):
         line = super().make_allocation(name, device, *args, **kwargs)
         if device.type == "flagos" and device.index is not None:
             line = line.replace("device='flagos'", f"device='flagos:{device.index}'", 1)
         return line
+
+
+class FlagosHostSubgraphWrapperCodegen(_IndexedAllocations, _SubgraphPythonWrapperCodegen):
+    """Inductor's wrapper for a subgraph, with indexed allocations."""
+
+
+class FlagosHostWrapperCodegen(_IndexedAllocations, _PythonWrapperCodegen):
+    """Inductor's Python wrapper, with indexed allocations."""
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name=None, parent_wrapper=None, *args, **kwargs):
+        if is_subgraph:
+            return FlagosHostSubgraphWrapperCodegen(subgraph_name, parent_wrapper, *args, **kwargs)
+        return FlagosHostWrapperCodegen()
 
 
 # The names Inductor reads from the device module (torch.flagos.Scheduling, ...).
