@@ -221,6 +221,68 @@ def test_second_device_keeps_its_tensors_there():
     torch.testing.assert_close(out.cpu(), (x.cpu() @ x.cpu()).softmax(-1).sum(0) + x.cpu()[0], **TOL)
 
 
+def test_subgraph_buffers_stay_on_the_second_device():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    @torch.compiler.nested_compile_region
+    def block(t):
+        return (t @ t).relu() + 1
+
+    cases = {
+        "cond": lambda t: torch.cond(t.sum() > 0, lambda t: (t.sin() @ t).exp(),
+                                     lambda t: (t.cos() @ t) * 2, (t,)),
+        "while_loop": lambda t: while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, (t @ t).tanh()),
+                                           (torch.tensor(0, device=t.device), t))[1],
+        "nested_compile_region": lambda t: block(block(t)) * 2,
+    }
+    x = randn(4, 4, seed=11)
+    for name, fn in cases.items():
+        torch._dynamo.reset()
+        out = torch.compile(fn)(x.to("flagos:1"))
+        assert out.device == torch.device("flagos:1"), name
+        torch.testing.assert_close(out.cpu(), fn(x.cpu()), **TOL, msg=name)
+
+
+@pytest.mark.parametrize("shape", [(8, 6), (3, 5, 4)], ids=["2d", "3d"])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argreduce_of_a_permuted_input_returns_the_logical_index(op, shape):
+    x = randn(*shape, seed=12)
+    fn = torch.compile(lambda t: getattr(t.permute(*reversed(range(t.dim()))), op)())
+    expected = getattr(x.cpu().permute(*reversed(range(x.dim()))), op)()
+    assert fn(x).item() == expected.item()
+
+
+@pytest.mark.host_only  # CUDA's scatter kernels, eager and Triton, add atomically
+@pytest.mark.parametrize("op", ["scatter_add", "scatter_reduce"])
+def test_compiled_scatter_sum_is_deterministic_and_equals_eager(op):
+    src = randn(4000, seed=13)
+    index = torch.randint(0, 7, (4000,), generator=torch.Generator().manual_seed(14)).to("flagos")
+
+    def fn(s, i):
+        base = torch.zeros(7, device=s.device)
+        if op == "scatter_add":
+            return base.scatter_add(0, i, s * 3)
+        return base.scatter_reduce(0, i, s * 3, "sum")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    outs = [compiled(src, index) for _ in range(4)]
+    eager = fn(src, index)
+    assert all(torch.equal(o, eager) for o in outs)
+
+
+def test_combo_kernels_option_compiles():
+    from torch._inductor import config
+
+    x, y = randn(16, 8, seed=15), randn(16, 8, seed=16)
+    fn = lambda a, b: (a.sin() + 1, b.cos() * 2, (a * b).sum(0))  # noqa: E731
+    torch._dynamo.reset()
+    with config.patch(combo_kernels=True):
+        outs = torch.compile(fn)(x, y)
+    for out, ref in zip(outs, fn(x.cpu(), y.cpu())):
+        torch.testing.assert_close(out.cpu(), ref, **TOL)
+
+
 # --- training ------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from torch._inductor.codegen.wrapper import (
     SubgraphPythonWrapperCodegen as _SubgraphPythonWrapperCodegen,
 )
 
-from . import _compat, _native
+from . import _compat, _native, host_decisions
 
 
 @_native.generate_for("cpu", with_index=False)
@@ -78,3 +78,4 @@ def register() -> None:
         custom_pass=_native.CacheKeyPass("host"),
     )
     _compat.disable_simd_only_loop_transforms()
+    host_decisions.install()

@@ -1,0 +1,100 @@
+"""Inductor's choices by device name, answered as the CPU's on the host driver.
+
+Inductor takes some decisions while lowering and scheduling, before any kernel
+is generated, by comparing the device type's name with ``"cpu"``. Host-driver
+flagos memory is host memory and its kernels are Inductor's C++ ones, so the
+CPU's answer is the right one. Where the other answer gives a wrong or
+nondeterministic result, or code the C++ backend cannot generate, that one
+question is answered as for the CPU, for flagos only:
+
+- ``argmax``/``argmin`` over several dimensions of a transposed or permuted
+  input: the CPU's C++ kernels compute the logical index; without it the
+  result is the index in memory order (a wrong answer);
+- ``scatter_add``/``scatter_reduce(sum)``: the CPU falls back to ATen's kernel
+  when kernels run on several threads, where the generated code's atomic adds
+  give a different float sum on each run;
+- combo kernels (``config.combo_kernels``): never formed from CPU nodes, whose
+  C++ scheduling cannot generate them.
+
+Other such choices change results only in the last bits (``var_mean``'s
+algorithm, docs/compile.md) and are left as they are.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .._wrap import wrap_once
+
+_ARG_REDUCTIONS = frozenset({
+    "argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value", "argmin_with_value",
+})
+
+# Set while a lowering decision is asked on behalf of a flagos node.
+_as_cpu = threading.local()
+
+
+def _get_device_type(original):
+    def get_device_type(x):
+        device_type = original(x)
+        if device_type == "flagos" and getattr(_as_cpu, "on", False):
+            return "cpu"
+        return device_type
+
+    return get_device_type
+
+
+def _make_reduction_inner(ir, config):
+    def wrap(original):
+        def _make_reduction_inner(x, **kwargs):
+            if (kwargs.get("reduction_type") not in _ARG_REDUCTIONS
+                    or ir.get_device_type(x) != "flagos"):
+                return original(x, **kwargs)
+            # The C++ backend computes the logical index, whatever cpu_backend
+            # says (the host driver always generates C++).
+            previous = getattr(_as_cpu, "on", False)
+            _as_cpu.on = True
+            try:
+                with config.patch(cpu_backend="cpp"):
+                    return original(x, **kwargs)
+            finally:
+                _as_cpu.on = previous
+
+        return _make_reduction_inner
+
+    return wrap
+
+
+def _use_scatter_fallback(original):
+    def use_scatter_fallback(op_overload, reduction_type, self_dtype, src_dtype, src_device_type,
+                             src_is_tensor):
+        if src_device_type == "flagos":
+            src_device_type = "cpu"
+        return original(op_overload, reduction_type, self_dtype, src_dtype, src_device_type,
+                        src_is_tensor)
+
+    return use_scatter_fallback
+
+
+def _group_without_flagos(grouping):
+    def group_algorithm(scheduler):
+        return [[n for n in group if not _on_flagos(n)] for group in grouping(scheduler)]
+
+    return group_algorithm
+
+
+def _on_flagos(node) -> bool:
+    device = node.get_device()
+    return device is not None and device.type == "flagos"
+
+
+def install() -> None:
+    """Installs the answers (at the host driver's first compile; idempotent)."""
+    from torch._inductor import config, ir, lowering, scheduler
+
+    wrap_once(ir, "get_device_type", _get_device_type)
+    wrap_once(lowering, "_make_reduction_inner", _make_reduction_inner(ir, config))
+    wrap_once(lowering, "use_scatter_fallback", _use_scatter_fallback)
+    node_class = getattr(scheduler, "ForeachKernelSchedulerNode", None)
+    if node_class is not None and hasattr(node_class, "group_algorithm_for_combo_kernels"):
+        wrap_once(node_class, "group_algorithm_for_combo_kernels", _group_without_flagos)
