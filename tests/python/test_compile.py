@@ -243,6 +243,22 @@ def test_subgraph_buffers_stay_on_the_second_device():
         torch.testing.assert_close(out.cpu(), fn(x.cpu()), **TOL, msg=name)
 
 
+def test_device_module_calls_trace_under_fullgraph():
+    def fn(t):
+        torch.flagos.synchronize()
+        torch.flagos.synchronize(t.device)
+        return t * 2 + torch.flagos.current_device()
+
+    last = torch.flagos.device_count() - 1
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    for index in sorted({0, last}):
+        with torch.flagos.device(index):
+            x = randn(3, seed=17, device=f"flagos:{index}")
+            out = compiled(x)  # recompiles for the other device: the index is guarded
+            assert torch.equal(out, fn(x)) and torch.equal(out.cpu(), x.cpu() * 2 + index)
+
+
 @pytest.mark.parametrize("shape", [(8, 6), (3, 5, 4)], ids=["2d", "3d"])
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 def test_argreduce_of_a_permuted_input_returns_the_logical_index(op, shape):

@@ -140,7 +140,16 @@ def can_device_access_peer(device, peer_device) -> bool:
     return index != peer
 
 
+# Inside torch.compile, Dynamo cannot trace torch_fl's extension module: a call
+# of it breaks the graph (an error under fullgraph=True). There current_device
+# and synchronize ask torch.accelerator's C++ functions, which Dynamo traces.
+# flagos is the accelerator, or on the cuda driver CUDA is, whose current
+# device flagos shares, so the answers are the same.
+
+
 def current_device() -> int:
+    if torch.compiler.is_compiling():
+        return torch.accelerator.current_device_index()
     return _C._current_device()
 
 
@@ -152,6 +161,10 @@ def set_device(device) -> None:
 
 def synchronize(device=None) -> None:
     """Waits for all work on every stream of ``device`` (default: current)."""
+    if torch.compiler.is_compiling():
+        # No argument for the current device: Dynamo reads a given one as a torch.device.
+        return torch.accelerator.synchronize() if device is None else \
+            torch.accelerator.synchronize(device)
     _C._synchronize(_device_index(device))
 
 
