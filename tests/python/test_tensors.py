@@ -721,29 +721,6 @@ def test_typed_storage_resize_keeps_data():
     assert torch.equal(x.cpu(), src)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # TypedStorage is deprecated
-@pytest.mark.parametrize("dtype, name", [(torch.float32, "FloatStorage"),
-                                         (torch.int64, "LongStorage"),
-                                         (torch.bfloat16, "BFloat16Storage"),
-                                         (torch.bool, "BoolStorage")])
-def test_legacy_storage_classes_are_the_device_modules(dtype, name):
-    src = torch.randn(6).to(dtype)
-    x = src.to("flagos")
-    cls = getattr(torch.flagos, name)
-    assert x.storage_type() is cls  # as torch.cuda.FloatStorage for a cuda tensor
-    assert isinstance(x.storage(), cls)
-    assert not isinstance(src.storage(), cls) and not isinstance(x.storage(), getattr(torch, name))
-    assert cls.dtype == dtype
-    made = cls(src.tolist())
-    assert made.device == DEV and made.dtype == dtype and made.tolist() == src.tolist()
-    wrapped = cls(wrap_storage=x.untyped_storage())
-    assert wrapped.size() == 6 and wrapped.data_ptr() == x.data_ptr()
-    with pytest.raises(RuntimeError, match="Device of 'wrap_storage' must be flagos"):
-        cls(wrap_storage=src.untyped_storage())
-    with pytest.raises(RuntimeError, match="from_buffer: Not available for flagos storage"):
-        cls.from_buffer(b"\0" * 8)
-
-
 def test_storage_new_and_fill():
     s = torch.UntypedStorage(32, device="flagos")
     assert s.device == DEV and s.nbytes() == 32

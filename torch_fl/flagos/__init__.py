@@ -108,11 +108,6 @@ def _inductor_backend_init() -> None:
 # torch.cuda.OutOfMemoryError is this same class; flagos raises it when out of memory.
 OutOfMemoryError = torch.OutOfMemoryError
 
-# torch.flagos.FloatStorage, ... (legacy typed storages, as torch.cuda.FloatStorage).
-from .legacy_storage import CLASSES as _LEGACY_STORAGES  # noqa: E402
-
-globals().update(_LEGACY_STORAGES)
-
 __all__ = [
     "OutOfMemoryError",
     "Event",
@@ -173,4 +168,4 @@ __all__ = [
     "set_sync_debug_mode",
     "stream",
     "synchronize",
-] + sorted(_LEGACY_STORAGES)
+]
