@@ -287,6 +287,31 @@ def test_compiled_scatter_sum_is_deterministic_and_equals_eager(op):
     assert all(torch.equal(o, eager) for o in outs)
 
 
+@pytest.mark.host_only
+@pytest.mark.parametrize("case", ["var", "std_far_from_zero", "layer_norm", "batch_norm_train",
+                                  "masked_softmax"])
+def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
+    # Inductor picks var_mean's algorithm and what to recompute by the device's name:
+    # flagos must get the CPU's choice, and so the CPU's bits.
+    x = randn(64, 32, seed=18, device="cpu")
+    fns = {
+        "var": lambda t: t.var(0),
+        "std_far_from_zero": lambda t: (t + 1e4).std(0),
+        "layer_norm": lambda t: F.layer_norm(t, (32,)),
+        "batch_norm_train": lambda t: F.batch_norm(t, None, None, training=True),
+        "masked_softmax": lambda t: t.masked_fill(t < 0, float("-inf")).softmax(-1),
+    }
+    fn = fns[case]
+    torch._dynamo.reset()
+    expected = torch.compile(fn)(x)
+    torch._dynamo.reset()
+    out = torch.compile(fn)(x.to("flagos"))
+    assert torch.equal(out.cpu(), expected)
+    if case == "std_far_from_zero":  # the two-pass variance keeps the digits Welford's loses here
+        exact = (x + 1e4).double().std(0)
+        assert ((out.cpu().double() - exact).abs() / exact).max() < 1e-5
+
+
 def test_combo_kernels_option_compiles():
     from torch._inductor import config
 

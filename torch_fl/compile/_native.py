@@ -69,4 +69,4 @@ class CacheKeyPass(_compat.cache_key_pass_base()):
 
 
 # Bump when what torch_fl generates changes, so stale cache entries are not reused.
-_CODEGEN_VERSION = 4
+_CODEGEN_VERSION = 5

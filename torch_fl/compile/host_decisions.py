@@ -14,14 +14,23 @@ question is answered as for the CPU, for flagos only:
   when kernels run on several threads, where the generated code's atomic adds
   give a different float sum on each run;
 - combo kernels (``config.combo_kernels``): never formed from CPU nodes, whose
-  C++ scheduling cannot generate them.
+  C++ scheduling cannot generate them;
+- ``var_mean`` (``var``, ``std``, LayerNorm and BatchNorm's statistics): the CPU
+  takes the two-pass variance up to 1024 elements, others Welford's from 8.
+  In float32 over data far from zero Welford's loses digits (``std`` of 64
+  values around 1e4: 2e-4 relative error, the CPU's 6e-7), and every such
+  reduction differed from compiled CPU in the last bits;
+- whether a value used twice is stored or recomputed (``exp``, ``log``,
+  ``tanh``... are stored on the CPU): the last bits of a masked softmax, and
+  the kernels' speed.
 
-Other such choices change results only in the last bits (``var_mean``'s
-algorithm, docs/compile.md) and are left as they are.
+Other such choices change results only in the last bits (CPU-only small-matmul
+rewrites, docs/compile.md) and are left as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from .._wrap import wrap_once
@@ -44,6 +53,16 @@ def _get_device_type(original):
     return get_device_type
 
 
+@contextlib.contextmanager
+def _device_type_answered_as_cpu():
+    previous = getattr(_as_cpu, "on", False)
+    _as_cpu.on = True
+    try:
+        yield
+    finally:
+        _as_cpu.on = previous
+
+
 def _make_reduction_inner(ir, config):
     def wrap(original):
         def _make_reduction_inner(x, **kwargs):
@@ -52,15 +71,23 @@ def _make_reduction_inner(ir, config):
                 return original(x, **kwargs)
             # The C++ backend computes the logical index, whatever cpu_backend
             # says (the host driver always generates C++).
-            previous = getattr(_as_cpu, "on", False)
-            _as_cpu.on = True
-            try:
-                with config.patch(cpu_backend="cpp"):
-                    return original(x, **kwargs)
-            finally:
-                _as_cpu.on = previous
+            with _device_type_answered_as_cpu(), config.patch(cpu_backend="cpp"):
+                return original(x, **kwargs)
 
         return _make_reduction_inner
+
+    return wrap
+
+
+def _should_realize_on_reuse(ir):
+    def wrap(original):
+        def should_realize_on_reuse(self, *args, **kwargs):
+            if ir.get_device_type(self) != "flagos":
+                return original(self, *args, **kwargs)
+            with _device_type_answered_as_cpu():
+                return original(self, *args, **kwargs)
+
+        return should_realize_on_reuse
 
     return wrap
 
@@ -74,6 +101,22 @@ def _use_scatter_fallback(original):
                         src_is_tensor)
 
     return use_scatter_fallback
+
+
+def _use_two_step_variance(ir, config):
+    def wrap(original):
+        def use_two_step_variance(x, *args, **kwargs):
+            cpu_threshold = getattr(config.cpp, "use_two_step_variance_threshold", None)
+            if cpu_threshold is None or ir.get_device_type(x) != "flagos":
+                return original(x, *args, **kwargs)
+            # A device not named cpu or cuda gets the general threshold: the
+            # CPU's own gives the CPU's choice.
+            with config.patch(unroll_reductions_threshold=cpu_threshold):
+                return original(x, *args, **kwargs)
+
+        return use_two_step_variance
+
+    return wrap
 
 
 def _group_without_flagos(grouping):
@@ -95,6 +138,9 @@ def install() -> None:
     wrap_once(ir, "get_device_type", _get_device_type)
     wrap_once(lowering, "_make_reduction_inner", _make_reduction_inner(ir, config))
     wrap_once(lowering, "use_scatter_fallback", _use_scatter_fallback)
+    wrap_once(lowering, "use_two_step_variance", _use_two_step_variance(ir, config))
+    if hasattr(ir.StorageBox, "should_realize_on_reuse"):
+        wrap_once(ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse(ir))
     node_class = getattr(scheduler, "ForeachKernelSchedulerNode", None)
     if node_class is not None and hasattr(node_class, "group_algorithm_for_combo_kernels"):
         wrap_once(node_class, "group_algorithm_for_combo_kernels", _group_without_flagos)
