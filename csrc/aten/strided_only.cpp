@@ -2,8 +2,8 @@
 // quantized tensor made with a flagos device gets a dispatch key of its own
 // (SparsePrivateUse1, SparseCsrPrivateUse1, NestedTensorPrivateUse1,
 // QuantizedPrivateUse1), for which flagos registers no computing kernels
-// (sparse_compressed.cpp serves the accessors that bring a sparse compressed
-// tensor's data back); PyTorch's
+// (sparse_compressed.cpp and nested_tensors.cpp serve what brings a sparse
+// compressed or nested tensor's data back); PyTorch's
 // own message for that ("Could not run ... 'Sparseflagos' backend ... omitted
 // during the selective/custom build") points the user at their build. These
 // fallbacks take exactly the calls that would fail that way (a kernel
@@ -28,7 +28,8 @@ constexpr Kind kSparseCompressed{"sparse compressed (CSR, CSC, BSR, BSC) tensors
                                  "make them dense (.to_dense())",
                                  " One on flagos comes back with .cpu()."};
 constexpr Kind kNested{"nested tensors (torch.nested)",
-                       "pad them into one tensor (.to_padded_tensor(padding))"};
+                       "pad them into one tensor (.to_padded_tensor(padding))",
+                       " One on flagos comes back with .cpu(), .unbind() or .to_padded_tensor(padding)."};
 constexpr Kind kQuantized{"quantized tensors", "dequantize them (.dequantize())"};
 
 template <const Kind& kKind>

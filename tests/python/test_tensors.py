@@ -920,3 +920,26 @@ def test_sparse_compressed_tensor_on_flagos_comes_back(layout):
         assert torch.equal(getattr(t, name)().cpu(), getattr(cpu, name)())
     with pytest.raises(NotImplementedError, match=r"sparse compressed .* comes back with \.cpu\(\)"):
         t.to_dense()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
+@pytest.mark.parametrize("make", ["nested_tensor", "as_nested_tensor", "cpu_to"])
+def test_nested_tensor_on_flagos_comes_back(make):
+    # PyTorch makes these on flagos without asking it: its operators are
+    # refused, but its data must not be trapped there.
+    parts = [torch.randn(3, 4), torch.randn(5, 4)]
+    t = {"nested_tensor": lambda: torch.nested.nested_tensor(parts, device="flagos"),
+         "as_nested_tensor": lambda: torch.nested.as_nested_tensor([p.to("flagos") for p in parts]),
+         "cpu_to": lambda: torch.nested.nested_tensor(parts).to("flagos")}[make]()
+    assert t.is_nested and t.device == DEV
+    padded = torch.nested.nested_tensor(parts).to_padded_tensor(-1.0)
+    back = t.cpu()
+    assert back.is_nested and back.device.type == "cpu"
+    assert torch.equal(back.to_padded_tensor(-1.0), padded)
+    assert torch.equal(t.to_padded_tensor(-1.0).cpu(), padded)
+    assert all(u.device == DEV and torch.equal(u.cpu(), p) for u, p in zip(t.unbind(), parts))
+    doubled = t.to(torch.float64)
+    assert doubled.is_nested and doubled.dtype == torch.float64 and doubled.device == DEV
+    assert "nested_tensor(" in repr(t)
+    with pytest.raises(NotImplementedError, match=r"nested .* comes back with \.cpu\(\)"):
+        t + 1
