@@ -142,9 +142,9 @@ def can_device_access_peer(device, peer_device) -> bool:
 
 # Inside torch.compile, Dynamo cannot trace torch_fl's extension module: a call
 # of it breaks the graph (an error under fullgraph=True). There current_device
-# and synchronize ask torch.accelerator's C++ functions, which Dynamo traces.
-# flagos is the accelerator, or on the cuda driver CUDA is, whose current
-# device flagos shares, so the answers are the same.
+# and synchronize ask torch.accelerator's C++ functions, which Dynamo traces;
+# they answer for the process's accelerator, whose current device is flagos'
+# own on both drivers (on the cuda driver flagos device N is CUDA device N).
 
 
 def current_device() -> int:
@@ -162,9 +162,11 @@ def set_device(device) -> None:
 def synchronize(device=None) -> None:
     """Waits for all work on every stream of ``device`` (default: current)."""
     if torch.compiler.is_compiling():
-        # No argument for the current device: Dynamo reads a given one as a torch.device.
-        return torch.accelerator.synchronize() if device is None else \
-            torch.accelerator.synchronize(device)
+        # Always a device with its index: Dynamo compiles a bare synchronize()
+        # as one of device 0, not of the current device (a guarded constant).
+        if device is None:
+            device = torch.device("flagos", torch.accelerator.current_device_index())
+        return torch.accelerator.synchronize(device)
     _C._synchronize(_device_index(device))
 
 
