@@ -24,8 +24,10 @@ question is answered as for the CPU, for flagos only:
   ``tanh``... are stored on the CPU): the last bits of a masked softmax, and
   the kernels' speed.
 
-Other such choices change results only in the last bits (CPU-only small-matmul
-rewrites, docs/compile.md) and are left as they are.
+Other such choices are left as they are (docs/compile.md): the CPU-only
+small-matmul rewrites, and the CPU's higher thresholds for realizing a value
+with a large expression or many reads (``has_large_inner_fn``,
+``has_exceeded_max_reads``). They move results by an ulp or so.
 """
 
 from __future__ import annotations
@@ -63,11 +65,10 @@ def _device_type_answered_as_cpu():
         _as_cpu.on = previous
 
 
-def _make_reduction_inner(ir, config):
+def _make_reduction_inner(config):
     def wrap(original):
         def _make_reduction_inner(x, **kwargs):
-            if (kwargs.get("reduction_type") not in _ARG_REDUCTIONS
-                    or ir.get_device_type(x) != "flagos"):
+            if kwargs.get("reduction_type") not in _ARG_REDUCTIONS or not _on_flagos(x):
                 return original(x, **kwargs)
             # The C++ backend computes the logical index, whatever cpu_backend
             # says (the host driver always generates C++).
@@ -79,10 +80,10 @@ def _make_reduction_inner(ir, config):
     return wrap
 
 
-def _should_realize_on_reuse(ir):
+def _should_realize_on_reuse():
     def wrap(original):
         def should_realize_on_reuse(self, *args, **kwargs):
-            if ir.get_device_type(self) != "flagos":
+            if not _on_flagos(self):
                 return original(self, *args, **kwargs)
             with _device_type_answered_as_cpu():
                 return original(self, *args, **kwargs)
@@ -103,11 +104,11 @@ def _use_scatter_fallback(original):
     return use_scatter_fallback
 
 
-def _use_two_step_variance(ir, config):
+def _use_two_step_variance(config):
     def wrap(original):
         def use_two_step_variance(x, *args, **kwargs):
             cpu_threshold = getattr(config.cpp, "use_two_step_variance_threshold", None)
-            if cpu_threshold is None or ir.get_device_type(x) != "flagos":
+            if cpu_threshold is None or not _on_flagos(x):
                 return original(x, *args, **kwargs)
             # A device not named cpu or cuda gets the general threshold: the
             # CPU's own gives the CPU's choice.
@@ -135,12 +136,18 @@ def install() -> None:
     """Installs the answers (at the host driver's first compile; idempotent)."""
     from torch._inductor import config, ir, lowering, scheduler
 
+    # Each only where this torch has the function (found by feature, not by version).
+    if not hasattr(ir, "get_device_type"):
+        return
     wrap_once(ir, "get_device_type", _get_device_type)
-    wrap_once(lowering, "_make_reduction_inner", _make_reduction_inner(ir, config))
-    wrap_once(lowering, "use_scatter_fallback", _use_scatter_fallback)
-    wrap_once(lowering, "use_two_step_variance", _use_two_step_variance(ir, config))
+    if hasattr(lowering, "_make_reduction_inner"):
+        wrap_once(lowering, "_make_reduction_inner", _make_reduction_inner(config))
+    if hasattr(lowering, "use_scatter_fallback"):
+        wrap_once(lowering, "use_scatter_fallback", _use_scatter_fallback)
+    if hasattr(lowering, "use_two_step_variance"):
+        wrap_once(lowering, "use_two_step_variance", _use_two_step_variance(config))
     if hasattr(ir.StorageBox, "should_realize_on_reuse"):
-        wrap_once(ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse(ir))
+        wrap_once(ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse())
     node_class = getattr(scheduler, "ForeachKernelSchedulerNode", None)
     if node_class is not None and hasattr(node_class, "group_algorithm_for_combo_kernels"):
         wrap_once(node_class, "group_algorithm_for_combo_kernels", _group_without_flagos)
