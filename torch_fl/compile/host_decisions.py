@@ -35,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from torch._inductor import config, ir, lowering, scheduler
+
 from .._wrap import wrap_once
 
 _ARG_REDUCTIONS = frozenset({
@@ -65,32 +67,26 @@ def _device_type_answered_as_cpu():
         _as_cpu.on = previous
 
 
-def _make_reduction_inner(config):
-    def wrap(original):
-        def _make_reduction_inner(x, **kwargs):
-            if kwargs.get("reduction_type") not in _ARG_REDUCTIONS or not _on_flagos(x):
-                return original(x, **kwargs)
-            # The C++ backend computes the logical index, whatever cpu_backend
-            # says (the host driver always generates C++).
-            with _device_type_answered_as_cpu(), config.patch(cpu_backend="cpp"):
-                return original(x, **kwargs)
+def _make_reduction_inner(original):
+    def _make_reduction_inner(x, **kwargs):
+        if kwargs.get("reduction_type") not in _ARG_REDUCTIONS or not _on_flagos(x):
+            return original(x, **kwargs)
+        # The C++ backend computes the logical index, whatever cpu_backend
+        # says (the host driver always generates C++).
+        with _device_type_answered_as_cpu(), config.patch(cpu_backend="cpp"):
+            return original(x, **kwargs)
 
-        return _make_reduction_inner
-
-    return wrap
+    return _make_reduction_inner
 
 
-def _should_realize_on_reuse():
-    def wrap(original):
-        def should_realize_on_reuse(self, *args, **kwargs):
-            if not _on_flagos(self):
-                return original(self, *args, **kwargs)
-            with _device_type_answered_as_cpu():
-                return original(self, *args, **kwargs)
+def _should_realize_on_reuse(original):
+    def should_realize_on_reuse(self, *args, **kwargs):
+        if not _on_flagos(self):
+            return original(self, *args, **kwargs)
+        with _device_type_answered_as_cpu():
+            return original(self, *args, **kwargs)
 
-        return should_realize_on_reuse
-
-    return wrap
+    return should_realize_on_reuse
 
 
 def _use_scatter_fallback(original):
@@ -104,20 +100,17 @@ def _use_scatter_fallback(original):
     return use_scatter_fallback
 
 
-def _use_two_step_variance(config):
-    def wrap(original):
-        def use_two_step_variance(x, *args, **kwargs):
-            cpu_threshold = getattr(config.cpp, "use_two_step_variance_threshold", None)
-            if cpu_threshold is None or not _on_flagos(x):
-                return original(x, *args, **kwargs)
-            # A device not named cpu or cuda gets the general threshold: the
-            # CPU's own gives the CPU's choice.
-            with config.patch(unroll_reductions_threshold=cpu_threshold):
-                return original(x, *args, **kwargs)
+def _use_two_step_variance(original):
+    def use_two_step_variance(x, *args, **kwargs):
+        cpu_threshold = getattr(config.cpp, "use_two_step_variance_threshold", None)
+        if cpu_threshold is None or not _on_flagos(x):
+            return original(x, *args, **kwargs)
+        # A device not named cpu or cuda gets the general threshold: the
+        # CPU's own gives the CPU's choice.
+        with config.patch(unroll_reductions_threshold=cpu_threshold):
+            return original(x, *args, **kwargs)
 
-        return use_two_step_variance
-
-    return wrap
+    return use_two_step_variance
 
 
 def _group_without_flagos(grouping):
@@ -133,21 +126,21 @@ def _on_flagos(node) -> bool:
 
 
 def install() -> None:
-    """Installs the answers (at the host driver's first compile; idempotent)."""
-    from torch._inductor import config, ir, lowering, scheduler
+    """Installs the answers (at the host driver's first compile; idempotent).
 
-    # Each only where this torch has the function (found by feature, not by version).
+    Each only where this torch has the function (found by feature, not by
+    version); the others need the scoped answer of get_device_type.
+    """
     if not hasattr(ir, "get_device_type"):
         return
-    wrap_once(ir, "get_device_type", _get_device_type)
-    if hasattr(lowering, "_make_reduction_inner"):
-        wrap_once(lowering, "_make_reduction_inner", _make_reduction_inner(config))
-    if hasattr(lowering, "use_scatter_fallback"):
-        wrap_once(lowering, "use_scatter_fallback", _use_scatter_fallback)
-    if hasattr(lowering, "use_two_step_variance"):
-        wrap_once(lowering, "use_two_step_variance", _use_two_step_variance(config))
-    if hasattr(ir.StorageBox, "should_realize_on_reuse"):
-        wrap_once(ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse())
-    node_class = getattr(scheduler, "ForeachKernelSchedulerNode", None)
-    if node_class is not None and hasattr(node_class, "group_algorithm_for_combo_kernels"):
-        wrap_once(node_class, "group_algorithm_for_combo_kernels", _group_without_flagos)
+    combo = getattr(scheduler, "ForeachKernelSchedulerNode", None)
+    for owner, name, wrapper in (
+        (ir, "get_device_type", _get_device_type),
+        (lowering, "_make_reduction_inner", _make_reduction_inner),
+        (lowering, "use_scatter_fallback", _use_scatter_fallback),
+        (lowering, "use_two_step_variance", _use_two_step_variance),
+        (ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse),
+        (combo, "group_algorithm_for_combo_kernels", _group_without_flagos),
+    ):
+        if owner is not None and hasattr(owner, name):
+            wrap_once(owner, name, wrapper)
