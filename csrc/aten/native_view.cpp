@@ -68,6 +68,22 @@ void release_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
+c10::Storage native_storage_holding(c10::StorageImpl* flagos, c10::DeviceIndex index) {
+  c10::raw::intrusive_ptr::incref(flagos);
+  c10::DataPtr data(flagos->data_ptr().get(), flagos, &release_storage_ref,
+                    NativeViews::native_device(index));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), flagos->nbytes(), std::move(data),
+      /*allocator=*/nullptr, /*resizable=*/false));
+}
+
+c10::Storage flagos_storage_holding(c10::StorageImpl* native, c10::DeviceIndex device) {
+  c10::raw::intrusive_ptr::incref(native);
+  c10::DataPtr ref(native->data_ptr().get(), native, &release_storage_ref,
+                   c10::Device(kFlagos, device));
+  return c10::Storage(runtime::make_flagos_storage(native->nbytes(), std::move(ref)));
+}
+
 // The calling thread's recent native views, so that a tensor used again (a
 // weight, the result of the previous operator) does not get a new TensorImpl
 // per call: building one is the largest remaining cost of a small operator.
@@ -321,9 +337,7 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
   if (dp.get() == nullptr || flagos_memory) {
     // Flagos memory shared with other native tensors: the flagos storage
     // keeps the native one alive and frees through it.
-    c10::raw::intrusive_ptr::incref(ns);
-    c10::DataPtr ref(dp.get(), ns, &release_storage_ref, c10::Device(kFlagos, device));
-    flagos_storage = c10::Storage(runtime::make_flagos_storage(nbytes, std::move(ref)));
+    flagos_storage = flagos_storage_holding(ns, device);
   } else {
     // Memory from elsewhere (a kernel's cached constant, another allocator):
     // copied, so that every flagos storage is flagos memory.

@@ -114,4 +114,13 @@ at::Tensor native_tensor_on(c10::Storage storage, const at::Tensor& like);
 // native storage over flagos memory keeps the flagos storage alive with it.
 void release_storage_ref(void* ctx);
 
+// A native storage (not resizable) over all of flagos storage `flagos`'s
+// bytes, on the native device of flagos device `index`, that keeps `flagos`
+// alive: for memory handed beyond one call (collectives, other processes).
+c10::Storage native_storage_holding(c10::StorageImpl* flagos, c10::DeviceIndex index);
+
+// A flagos storage on flagos `device` over all of `native`'s bytes that keeps
+// `native` alive and frees through it.
+c10::Storage flagos_storage_holding(c10::StorageImpl* native, c10::DeviceIndex device);
+
 }  // namespace torch_fl::aten

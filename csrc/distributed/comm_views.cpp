@@ -12,17 +12,6 @@
 namespace torch_fl::distributed {
 namespace {
 
-// A native storage over the bytes of flagos storage `fs`, holding a reference
-// to it (released when the native storage dies).
-c10::Storage native_storage_of(c10::StorageImpl* fs, c10::DeviceIndex index) {
-  const c10::Device device = aten::NativeViews::native_device(index);
-  c10::raw::intrusive_ptr::incref(fs);
-  c10::DataPtr data(fs->data_ptr().get(), fs, &aten::release_storage_ref, device);
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), fs->nbytes(), std::move(data),
-      /*allocator=*/nullptr, /*resizable=*/false));
-}
-
 // "what", "what[i]" or "what[i][j]": built only for an error message.
 struct ArgName {
   std::string_view what;
@@ -73,7 +62,7 @@ at::Tensor CommViews::view_at(const at::Tensor& flagos, std::string_view what, i
     }
   }
   if (native == nullptr) {
-    storages_.emplace_back(fs, native_storage_of(fs, flagos.device().index()));
+    storages_.emplace_back(fs, aten::native_storage_holding(fs, flagos.device().index()));
     native = &storages_.back().second;
   }
   return aten::native_tensor_on(*native, flagos);
