@@ -31,6 +31,7 @@ namespace py = pybind11;
 namespace torch_fl::python {
 
 void bind_observers(py::module_& m);  // observers.cpp
+void init_ipc(py::module_& m);        // ipc.cpp
 
 namespace {
 
@@ -340,4 +341,5 @@ PYBIND11_MODULE(_C, m) {
   python::init_distributed(m);
   python::bind_observers(m);
   python::init_flaggems(m);
+  python::init_ipc(m);
 }
