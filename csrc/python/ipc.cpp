@@ -6,21 +6,22 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "ipc/shared_memory.h"
+#include "ipc/host_segments.h"
+#include "ipc/native_memory.h"
 
 namespace py = pybind11;
 
 namespace torch_fl::python {
 
 void init_ipc(py::module_& m) {
-  m.def("_ipc_native_bytes", [](const at::Tensor& t) {
+  m.def("_ipc_native_bytes_to_send", [](const at::Tensor& t) {
     HANDLE_TH_ERRORS
-    return ipc::native_bytes(t);
+    return ipc::native_bytes_to_send(t);
     END_HANDLE_TH_ERRORS_PYBIND
   });
-  m.def("_ipc_flagos_bytes", [](const at::Tensor& native, int device, bool received) {
+  m.def("_ipc_flagos_bytes_received", [](const at::Tensor& native, int device) {
     HANDLE_TH_ERRORS
-    return ipc::flagos_bytes(native, static_cast<c10::DeviceIndex>(device), received);
+    return ipc::flagos_bytes_received(native, static_cast<c10::DeviceIndex>(device));
     END_HANDLE_TH_ERRORS_PYBIND
   });
   m.def("_ipc_host_segment", [](const at::Tensor& t) {
@@ -31,6 +32,9 @@ void init_ipc(py::module_& m) {
   m.def("_ipc_host_move_into", [](const at::Tensor& t, const at::Tensor& segment,
                                   std::string strategy) {
     HANDLE_TH_ERRORS
+    // The copy can take seconds for a large storage: other Python threads run
+    // meanwhile (the caller holds its own lock against a second move).
+    py::gil_scoped_release no_gil;
     ipc::host_move_into(t, segment, std::move(strategy));
     END_HANDLE_TH_ERRORS_PYBIND
   });

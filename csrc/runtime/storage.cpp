@@ -109,8 +109,8 @@ c10::intrusive_ptr<c10::StorageImpl> make_native_twin(const c10::StorageImpl& st
 
 void resize_storage_bytes(c10::StorageImpl& storage, size_t nbytes) {
   TORCH_CHECK(storage.resizable(),
-              "cannot resize a flagos storage that is not resizable (it wraps "
-              "memory that flagos does not own)");
+              "cannot resize a flagos storage that is not resizable (it is shared with "
+              "another process, or wraps memory that flagos does not own)");
   auto device = storage.device().index();
   c10::DataPtr fresh = device_allocator().allocate_on(device, nbytes, kFlagos);
   size_t keep = std::min(nbytes, storage.nbytes());

@@ -21,13 +21,19 @@ HOST = torch_fl._C._driver_name() == "host"
 
 
 def _describe(t):
+    if isinstance(t, tuple):  # views sent together: one storage on arrival?
+        return {"parts": [_describe(p) for p in t],
+                "one_storage": len({p.untyped_storage()._cdata for p in t}) == 1}
+    if isinstance(t, torch.storage.TypedStorage):
+        return {"type": "TypedStorage", "device": str(t.device), "dtype": t.dtype,
+                "values": t.cpu().tolist()}
     if isinstance(t, torch.UntypedStorage):
         return {"type": "UntypedStorage", "device": str(t.device), "nbytes": t.nbytes(),
                 "bytes": bytes(t.cpu())}
     return {"type": type(t).__name__, "device": str(t.device), "dtype": t.dtype,
             "shape": tuple(t.shape), "stride": t.stride(), "offset": t.storage_offset(),
-            "requires_grad": t.requires_grad, "conj": t.is_conj(),
-            "cpu": t.detach().cpu().resolve_conj().clone()}
+            "requires_grad": t.requires_grad, "conj": t.is_conj(), "neg": t.is_neg(),
+            "cpu": t.detach().cpu().resolve_conj().resolve_neg().clone()}
 
 
 def _serve(inbox, outbox):
@@ -95,17 +101,18 @@ def receiver():
     lambda: torch.randint(-100, 100, (7,), dtype=torch.int64, device="flagos"),
     lambda: torch.randn(3, 2, device="flagos").to(torch.bfloat16),
     lambda: torch.randn(4, dtype=torch.complex64, device="flagos").conj(),
+    lambda: torch.randn(4, dtype=torch.complex64, device="flagos").conj().imag,
     lambda: torch.tensor(2.5, device="flagos"),
     lambda: torch.empty(0, 3, device="flagos"),
-], ids=["contiguous", "offset_strided_view", "transposed", "int64", "bfloat16", "conj", "scalar",
-        "empty"])
+], ids=["contiguous", "offset_strided_view", "transposed", "int64", "bfloat16", "conj", "neg",
+        "scalar", "empty"])
 def test_a_flagos_tensor_arrives_with_its_values_and_geometry(receiver, make):
     t = make()
     got = receiver("describe", t)
     assert got["type"] == "Tensor" and got["device"] == str(t.device)
-    assert (got["dtype"], got["shape"], got["stride"], got["offset"], got["conj"]) == (
-        t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.is_conj())
-    assert torch.equal(got["cpu"], t.cpu().resolve_conj())
+    assert (got["dtype"], got["shape"], got["stride"], got["offset"], got["conj"], got["neg"]) == (
+        t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.is_conj(), t.is_neg())
+    assert torch.equal(got["cpu"], t.cpu().resolve_conj().resolve_neg())
 
 
 def test_a_tensor_on_the_second_device_arrives_there(receiver):
@@ -119,6 +126,28 @@ def test_a_parameter_arrives_as_a_parameter_that_requires_grad(receiver):
     got = receiver("describe", p)
     assert (got["type"], got["requires_grad"]) == ("Parameter", True)
     assert torch.equal(got["cpu"], p.detach().cpu())
+
+
+def test_a_leaf_that_requires_grad_arrives_requiring_grad(receiver):
+    x = torch.randn(4, device="flagos", requires_grad=True)
+    got = receiver("describe", x)
+    assert (got["type"], got["requires_grad"]) == ("Tensor", True)
+    assert torch.equal(got["cpu"], x.detach().cpu())
+
+
+def test_views_sent_together_arrive_over_one_storage(receiver):
+    t = torch.randn(12, device="flagos")
+    got = receiver("describe", (t, t[2:], t.view(3, 4)[:, 1]))
+    assert got["one_storage"]
+    assert [torch.equal(p["cpu"], v.cpu()) for p, v in zip(got["parts"], (t, t[2:], t.view(3, 4)[:, 1]))] \
+        == [True] * 3
+
+
+def test_a_typed_storage_arrives_as_one(receiver):
+    t = torch.arange(5.0, device="flagos")
+    got = receiver("describe", t.storage())
+    assert (got["type"], got["device"], got["dtype"], got["values"]) == (
+        "TypedStorage", str(t.device), torch.float32, [0.0, 1.0, 2.0, 3.0, 4.0])
 
 
 def test_a_flagos_storage_arrives_as_a_flagos_storage(receiver):
@@ -160,6 +189,29 @@ def test_a_tensor_sent_twice_keeps_its_memory(receiver):
     assert t.data_ptr() == address  # no second move on the host driver
 
 
+def test_a_shared_storage_cannot_be_resized(receiver):
+    t = torch.randn(6, device="flagos")
+    receiver("describe", t)
+    values = t.cpu()
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t[:].resize_(100)
+    with pytest.raises(RuntimeError, match="not resizable"):  # a kernel growing an out= view
+        torch.add(torch.ones(100, device="flagos"), 1, out=t[:0])
+    assert t.untyped_storage().nbytes() == 24 and torch.equal(t.cpu(), values)
+
+
+@pytest.mark.host_only  # the host driver's shared-memory segments
+def test_host_share_memory_moves_now_and_is_shared_says_so(receiver):
+    t = torch.randn(32, device="flagos")
+    assert not t.is_shared() and not t.untyped_storage().is_shared()
+    values = t.cpu()
+    assert t.share_memory_() is t
+    assert t.is_shared() and torch.equal(t.cpu(), values)
+    address = t.data_ptr()
+    assert torch.equal(receiver("describe", t)["cpu"], values)
+    assert t.data_ptr() == address  # the trip moved nothing
+
+
 @pytest.mark.host_only  # the host driver's shared-memory segments
 def test_host_strategy_file_system_and_a_change_of_strategy(receiver):
     t = torch.randn(16, device="flagos")
@@ -198,9 +250,44 @@ def test_a_non_leaf_that_requires_grad_is_refused_where_it_is_sent(receiver):
     with pytest.raises(RuntimeError, match=r"non-leaf flagos tensor which requires_grad.*detach"):
         mp.get_context("spawn").SimpleQueue().put(y)
     # Through a Queue (pickled in its feeder thread) the receiver raises, and goes on.
-    with pytest.raises(RuntimeError, match=r"sending a flagos tensor failed.*non-leaf"):
+    with pytest.raises(RuntimeError, match=r"sending a flagos tensor of shape \(3,\).*failed.*non-leaf"):
         receiver("describe", y)
     assert torch.equal(receiver("describe", y.detach())["cpu"], y.detach().cpu())
+
+
+def _child_fills(t, value):
+    t.fill_(value)
+    torch.flagos.synchronize()
+
+
+def test_process_arguments_and_pipes_share_the_memory():
+    ctx = mp.get_context("spawn")
+    t = torch.zeros(5, device="flagos")
+    child = ctx.Process(target=_child_fills, args=(t[1:4], 2.0))
+    child.start()
+    child.join(TIMEOUT_S)
+    assert child.exitcode == 0
+    assert t.cpu().tolist() == [0.0, 2.0, 2.0, 2.0, 0.0]
+    here, there = ctx.Pipe()
+    here.send(t[::2])
+    got = there.recv()
+    assert got.device == t.device and got.cpu().tolist() == [0.0, 2.0, 0.0]
+
+
+def _total(t):
+    return float(t.sum())
+
+
+def test_a_process_pool_fails_only_the_task_that_cannot_be_sent():
+    import concurrent.futures
+
+    x = torch.randn(3, device="flagos", requires_grad=True)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        bad = pool.submit(_total, x * 2)
+        good = pool.submit(_total, torch.ones(4, device="flagos"))
+        with pytest.raises(RuntimeError, match="non-leaf flagos tensor"):
+            bad.result(TIMEOUT_S)
+        assert good.result(TIMEOUT_S) == 4.0
 
 
 def test_cpu_tensors_still_travel(receiver):

@@ -3,31 +3,37 @@
 PyTorch shares a tensor between processes by pickling it with ``multiprocessing``'s
 ForkingPickler, whose reducers (torch/multiprocessing/reductions.py) know CPU shared
 memory and CUDA IPC. The reducers below wrap PyTorch's: anything not on flagos goes
-to PyTorch's reducer unchanged. A flagos tensor or storage is sent as a native
-tensor or storage over the same bytes (csrc/ipc/shared_memory.h), which PyTorch's
-own reducer then sends, and the receiving process makes a flagos tensor over the
-bytes it gets. Both processes use the same memory, as with CPU and CUDA tensors:
+to PyTorch's reducer unchanged. A flagos tensor or storage is sent as native memory
+over the same bytes (csrc/ipc/), and the receiving process makes a flagos tensor over
+the bytes it gets. Both processes use the same memory, as with CPU and CUDA tensors:
 
-- cuda driver: a CUDA tensor over the flagos memory, sent by CUDA IPC (with its
-  reference counting: the sender's memory stays allocated while a receiver uses it);
-- host driver: the flagos storage moves, on its first trip, into a CPU shared-memory
-  segment of the current sharing strategy, which it uses from then on.
+- cuda driver: a CUDA tensor over the flagos memory, sent by PyTorch's CUDA reducer
+  (CUDA IPC, with its reference counting: the memory stays allocated while a receiver
+  uses it). A storage once sent cannot be resized (new memory would free the block
+  receivers map), and memory received cannot be sent on, as with CUDA.
+- host driver: the storage moves, on its first trip (or at ``share_memory_()``), into a
+  CPU shared-memory segment of the current sharing strategy, and uses it from then on,
+  unresizable, as CPU shared storages are.
 
-Sending fails for what CUDA refuses too: a non-leaf tensor that requires grad, and
-memory received by CUDA IPC. Where the caller pickles (``Process(args=...)``,
-``SimpleQueue.put``, ``Pipe.send``) the error is raised there. A ``Queue`` pickles in
-its feeder thread, where an error would only be printed and the receiver would wait
-forever, so there the error travels as a marker that raises it in the receiving
-process when it unpickles it (``q.get()``).
+The native memory is reduced here, at once, so that every error is raised where the
+caller pickles (``Process(args=...)``, ``SimpleQueue.put``, ``Pipe.send``). A plain
+``Queue`` pickles in its feeder thread, where an error would only be printed and the
+receiver would wait forever; there the error travels as a marker that raises it in
+the receiving process when it unpickles it (``q.get()``).
 """
 
+import multiprocessing.queues
+import os
+import multiprocessing.reduction
 import threading
 from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers PyTorch's reducers first)
+from torch.multiprocessing import reductions as _torch_reductions
 
 from .. import _C
+from .._wrap import wrap_once
 
 _NON_LEAF = (
     "Cowardly refusing to serialize non-leaf flagos tensor which requires_grad, since "
@@ -35,58 +41,142 @@ _NON_LEAF = (
     "the data, call detach() on the tensor before serializing (e.g., putting it on the queue)."
 )
 
+# One storage moves into shared memory once, whichever thread sends it first.
+_move_lock = threading.Lock()
+
 
 def _host_driver() -> bool:
     return _C._driver_name() == "host"
 
 
-def _bytes_of(storage) -> "torch.Tensor":
-    """A flagos storage as a 1-D uint8 tensor over all of it (the same storage)."""
+def _bytes_of(storage):
+    """A storage as a 1-D uint8 tensor over all of it (the same storage)."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-# ---- the bytes of a storage: sent as PyTorch sends native memory ---------------
-
-def _host_segment(t):
-    """The CPU shared-memory segment `t`'s storage uses, moved into one if needed."""
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    found = _C._ipc_host_segment(t)
-    # A segment of another strategy would be copied by PyTorch's reducer into a new
-    # one, away from the flagos storage: move the storage itself instead.
-    if found is not None and found[1] == strategy:
-        return found[0]
-    segment = _bytes_of_cpu(torch.UntypedStorage._new_shared(t.untyped_storage().nbytes()))
-    _C._ipc_host_move_into(t, segment, strategy)
-    return segment
+def _describe(t) -> str:
+    return f"flagos tensor of shape {tuple(t.shape)}, {t.dtype}, on {t.device}"
 
 
-def _bytes_of_cpu(storage):
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
+def _check_dense(t) -> None:
+    # Before anything moves: a nested or sparse tensor has no storage to share.
+    if t.layout != torch.strided or t.is_nested:
+        raise RuntimeError(f"a {t.layout} {'nested ' if t.is_nested else ''}flagos tensor cannot "
+                           "be shared with another process; send a dense tensor")
 
+
+# ---- the host driver: shared-memory segments ----------------------------------
+
+def _new_segment(nbytes: int, strategy: str):
+    # The strategy read once for this send: _new_shared would read it again.
+    if strategy == "file_system":
+        return torch.UntypedStorage._new_using_filename_cpu(nbytes)
+    return torch.UntypedStorage._new_using_fd_cpu(nbytes)
+
+
+def _host_segment(t, strategy: str):
+    """The segment `t`'s storage uses (a CPU UntypedStorage), moved into one if needed."""
+    with _move_lock:
+        found = _C._ipc_host_segment(t)
+        # A segment of another strategy would be copied by PyTorch into a new one, away
+        # from the flagos storage: the storage itself moves into one of this strategy.
+        if found is not None and found[1] == strategy:
+            return found[0].untyped_storage()
+        segment = _new_segment(t.untyped_storage().nbytes(), strategy)
+        _C._ipc_host_move_into(t, _bytes_of(segment), strategy)
+        return segment
+
+
+def _share_segment(segment, strategy: str):
+    """PyTorch's CPU reducer for `segment`, run now under `strategy`: (rebuild, args)."""
+    cache = _torch_reductions.shared_cache
+    if strategy == "file_system":
+        metadata = segment._share_filename_cpu_()
+        segment._shared_incref()
+        cache[metadata[1]] = _torch_reductions.StorageWeakRef(segment)
+        return _torch_reductions.rebuild_storage_filename, (type(segment),) + metadata
+    fd, size = segment._share_fd_cpu_()
+    cache[_torch_reductions.fd_id(fd)] = _torch_reductions.StorageWeakRef(segment)
+    return (_torch_reductions.rebuild_storage_fd,
+            (type(segment), multiprocessing.reduction.DupFd(fd), size))
+
+
+# ---- what is sent for the bytes of a storage ------------------------------------
 
 def _send_bytes(t):
-    """(rebuild, args) for the whole storage of flagos tensor `t`."""
+    """(rebuild, args) that give the receiver the whole storage of flagos tensor `t`."""
     index = t.device.index or 0
     if t.untyped_storage().nbytes() == 0:  # no memory to share (nor to map)
         return _empty_bytes, (index,)
     if _host_driver():
-        segment = _host_segment(t)
-        return _host_bytes, (segment.untyped_storage(), torch.multiprocessing.get_sharing_strategy(),
-                             index)
-    return _cuda_bytes, (_C._ipc_native_bytes(t),)
+        strategy = torch.multiprocessing.get_sharing_strategy()
+        shared = _share_segment(_host_segment(t, strategy), strategy)
+        return _host_bytes, (shared, strategy, index)
+    sent = _torch_reductions.reduce_tensor(_C._ipc_native_bytes_to_send(t))
+    return _cuda_bytes, (sent, os.getpid(), _remember_sent(t.untyped_storage()))
 
 
 def _empty_bytes(index):
-    return torch.empty(0, dtype=torch.uint8, device=torch.device("flagos", index))
+    return torch.empty(0, dtype=torch.uint8, device=torch.device("flagos", index)).untyped_storage()
 
 
-def _host_bytes(storage, strategy, index):
-    return _C._ipc_host_adopt(_bytes_of_cpu(storage), index, strategy)
+# The receiver's flagos storages by the native storage they use: two tensors over one
+# storage arrive over one flagos storage (overlap checks, resizes), as PyTorch's own
+# cache gives CUDA and CPU receivers one storage.
+_received = {}
+_received_lock = threading.Lock()
 
 
-def _cuda_bytes(native):
-    # flagos device i is CUDA device i: the index PyTorch opened the memory on.
-    return _C._ipc_flagos_bytes(native, native.device.index, True)
+def _flagos_storage_for(native, make):
+    key = native._cdata
+    with _received_lock:
+        ref = _received.get(key)
+        if ref is not None and not ref.expired():
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            if storage.data_ptr() == native.data_ptr() and storage.nbytes() == native.nbytes():
+                return storage
+        storage = make().untyped_storage()
+        _received[key] = _torch_reductions.StorageWeakRef(storage)
+        if len(_received) > 256:  # forget storages that are gone
+            for k in [k for k, r in _received.items() if r.expired()]:
+                del _received[k]
+        return storage
+
+
+def _host_bytes(shared, strategy, index):
+    rebuild, args = shared
+    segment = rebuild(*args)
+    return _flagos_storage_for(
+        segment, lambda: _C._ipc_host_adopt(_bytes_of(segment), index, strategy))
+
+
+# cuda driver: the storages this process sent, by a token that travels with them. A
+# process cannot open its own CUDA IPC memory (a Pipe's two ends in one process): a
+# storage that comes back is looked up here instead, as PyTorch's cache does for CUDA.
+_sent = {}
+
+
+def _remember_sent(storage) -> int:
+    token = storage._cdata
+    with _received_lock:
+        _sent[token] = _torch_reductions.StorageWeakRef(storage)
+        if len(_sent) > 256:
+            for k in [k for k, r in _sent.items() if r.expired()]:
+                del _sent[k]
+    return token
+
+
+def _cuda_bytes(sent, pid, token):
+    if pid == os.getpid():
+        with _received_lock:
+            ref = _sent.get(token)
+            if ref is not None and not ref.expired():
+                return torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+    rebuild, args = sent
+    native = rebuild(*args)
+    # flagos device i is CUDA device i: the device PyTorch opened the memory on.
+    return _flagos_storage_for(native.untyped_storage(),
+                               lambda: _C._ipc_flagos_bytes_received(native, native.device.index))
 
 
 # ---- tensors and storages ------------------------------------------------------
@@ -94,17 +184,17 @@ def _cuda_bytes(native):
 def _reduce_tensor(t):
     if t.requires_grad and not t.is_leaf:
         raise RuntimeError(_NON_LEAF)
+    _check_dense(t)
     torch.utils.hooks.warn_if_has_hooks(t)
-    rebuild, args = _send_bytes(t)
     meta = (type(t), t.dtype, t.storage_offset(), tuple(t.size()), t.stride(),
             t.requires_grad, t.is_conj(), t.is_neg())
-    return _rebuild_tensor, (rebuild, args) + meta
+    return (_rebuild_tensor, _send_bytes(t) + meta)
 
 
 def _rebuild_tensor(rebuild, args, cls, dtype, offset, size, stride, requires_grad, conj, neg):
-    data = rebuild(*args)
-    t = torch.empty(0, dtype=dtype, device=data.device)
-    t.set_(data.untyped_storage(), offset, size, stride)
+    storage = rebuild(*args)
+    t = torch.empty(0, dtype=dtype, device=storage.device)
+    t.set_(storage, offset, size, stride)
     if conj:
         torch._C._set_conj(t, True)
     if neg:
@@ -121,7 +211,32 @@ def _reduce_storage(storage):
 
 
 def _rebuild_storage(rebuild, args):
-    return rebuild(*args).untyped_storage()
+    return rebuild(*args)
+
+
+# ---- share_memory_() and is_shared() ---------------------------------------------
+
+def _wrap_share_memory(original):
+    def share_memory_(self, *args, **kwargs):
+        # PyTorch leaves PrivateUse1 storages alone (as CUDA's, which are shareable as
+        # they are). Host-driver memory must move first: done now, a program can share
+        # before it makes aliases of the memory (DLPack, NumPy), as on the CPU.
+        if self.device.type == "flagos" and _host_driver() and self.nbytes() > 0:
+            _host_segment(_bytes_of(self), torch.multiprocessing.get_sharing_strategy())
+            return self
+        return original(self, *args, **kwargs)
+
+    return share_memory_
+
+
+def _wrap_is_shared(original):
+    def is_shared(self):
+        if self.device.type == "flagos":
+            # cuda driver: always shareable, as CUDA's storages are.
+            return not _host_driver() or _C._ipc_host_segment(_bytes_of(self)) is not None
+        return original(self)
+
+    return is_shared
 
 
 # ---- installation --------------------------------------------------------------
@@ -131,9 +246,21 @@ def _refuse(message: str):
     raise RuntimeError(message)
 
 
-def _in_queue_feeder() -> bool:
-    # multiprocessing.queues.Queue names its feeder thread so.
-    return threading.current_thread().name == "QueueFeederThread"
+def _in_plain_queue_feeder() -> bool:
+    """Whether a multiprocessing.Queue's own feeder thread is pickling.
+
+    Other queues (concurrent.futures' process pools) handle a feeder's errors
+    themselves, for the one item, so the error must reach them as it is.
+    """
+    thread = threading.current_thread()
+    if thread.name != "QueueFeederThread":
+        return False
+    # Queue's handler is a staticmethod; a subclass's own is a bound method.
+    default = multiprocessing.queues.Queue._on_queue_feeder_error
+    for arg in getattr(thread, "_args", ()):
+        if getattr(arg, "__name__", None) == "_on_queue_feeder_error":
+            return getattr(arg, "__func__", arg) is default
+    return False
 
 
 def _wrap(original, flagos_reduce, what: str):
@@ -143,8 +270,9 @@ def _wrap(original, flagos_reduce, what: str):
         try:
             return flagos_reduce(obj)
         except Exception as e:
-            if _in_queue_feeder():
-                return _refuse, (f"sending a flagos {what} failed in the sending process: {e}",)
+            if _in_plain_queue_feeder():
+                culprit = _describe(obj) if isinstance(obj, torch.Tensor) else f"flagos {what}"
+                return _refuse, (f"sending a {culprit} failed in the sending process: {e}",)
             raise
 
     reduce.__qualname__ = f"reduce_flagos_aware_{what}"
@@ -152,9 +280,11 @@ def _wrap(original, flagos_reduce, what: str):
 
 
 def install() -> None:
-    """Wraps PyTorch's ForkingPickler reducers for tensors and untyped storages (once).
+    """Wraps PyTorch's ForkingPickler reducers for tensors and untyped storages, and
+    UntypedStorage's share_memory_ and is_shared (once).
 
-    A TypedStorage needs no wrapper: PyTorch's reducer sends its untyped storage.
+    A TypedStorage needs no wrapper: PyTorch's reducer and methods go through its
+    untyped storage.
     """
     reducers = ForkingPickler._extra_reducers
     kinds = [(torch.Tensor, _reduce_tensor, "tensor"), (torch.nn.Parameter, _reduce_tensor, "tensor"),
@@ -166,3 +296,5 @@ def install() -> None:
         wrapped = _wrap(original, flagos_reduce, what)
         wrapped._flagos_wrapped = True
         ForkingPickler.register(cls, wrapped)
+    wrap_once(torch.UntypedStorage, "share_memory_", _wrap_share_memory)
+    wrap_once(torch.UntypedStorage, "is_shared", _wrap_is_shared)
