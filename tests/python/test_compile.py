@@ -264,6 +264,118 @@ def test_device_module_calls_trace_under_fullgraph():
                 assert len(calls) == 2, code[0]
 
 
+def test_device_queries_fold_under_fullgraph():
+    def fn(t):
+        if torch.flagos.is_available():
+            return t * torch.flagos.device_count()
+        return t
+
+    torch._dynamo.reset()
+    x = randn(5, seed=23)
+    counter = CompileCounterWithBackend("inductor")
+    out = torch.compile(fn, fullgraph=True, backend=counter)(x)
+    assert torch.equal(out.cpu(), fn(x).cpu())
+    assert counter.frame_count == 1
+
+
+def test_a_device_query_that_raises_is_caught_in_compiled_code():
+    # Not folded: an error of a folded call would fail the compile, where eager code catches it.
+    def fn(t, i):
+        try:
+            major = torch.flagos.get_device_capability()[0]
+        except RuntimeError:  # the host driver has no capability
+            major = -1
+        return t * major + len(torch.flagos.get_device_name(i))
+
+    torch._dynamo.reset()
+    x = randn(4, seed=27)
+    compiled = torch.compile(fn)
+    for i in range(torch.flagos.device_count()):  # an index that may turn dynamic
+        assert torch.equal(compiled(x, i).cpu(), fn(x, i).cpu())
+
+
+def _has_device_context_registry() -> bool:
+    from torch._dynamo.variables import ctx_manager
+
+    return hasattr(ctx_manager, "register_device_context_manager")
+
+
+@pytest.mark.skipif(not _has_device_context_registry(),
+                    reason="this torch's Dynamo has no registry of device context managers")
+def test_device_context_switches_the_device_under_fullgraph():
+    def fn(t):
+        with torch.flagos.device(1):
+            made = torch.ones(2, device="flagos")
+            inside = torch.flagos.current_device()
+        return made, t * 2 + inside
+
+    def two_contexts(t):
+        with torch.flagos.device(1):
+            a = torch.zeros(3, device="flagos")
+            with torch.flagos.device(0):
+                b = torch.zeros(3, device="flagos")
+        c = torch.zeros(3, device="flagos")
+        return a, b, c, t + 1
+
+    torch._dynamo.reset()
+    with torch.flagos.device(0):
+        x = randn(3, seed=24)
+        made, out = torch.compile(fn, fullgraph=True)(x)
+        assert made.device == torch.device("flagos:1") and torch.flagos.current_device() == 0
+        assert torch.equal(out.cpu(), x.cpu() * 2 + 1)
+        # FakeTensor's cache keys leave the device out: each switch must clear it.
+        devices = [r.device.index for r in torch.compile(two_contexts, fullgraph=True)(x)]
+        assert devices == [1, 0, 0, 0] and torch.flagos.current_device() == 0
+
+
+def _side_stream(t):
+    s = torch.flagos.Stream()
+    s.wait_stream(torch.flagos.current_stream())
+    with torch.flagos.stream(s):
+        y = t * 2 + 1
+    torch.flagos.current_stream().wait_stream(s)
+    return y
+
+
+def test_a_side_stream_in_a_compiled_function_gives_eager_results_and_is_left():
+    # The host driver breaks the graph at the stream calls (compile/dynamo_rules.py);
+    # the code they leave to run eagerly once left the side stream current.
+    torch._dynamo.reset()
+    x = randn(1000, seed=25)
+    before = torch.flagos.current_stream()
+    for fn in (_side_stream, lambda t: _side_stream(t) * 3):
+        assert torch.equal(torch.compile(fn)(x).cpu(), fn(x).cpu())
+        assert torch.flagos.current_stream() == before
+
+
+def test_a_stream_of_another_device_is_left_as_it_was():
+    def fn(t, s):
+        with torch.flagos.stream(s):
+            y = t * 2
+        return y
+
+    torch._dynamo.reset()
+    with torch.flagos.device(0):
+        x = randn(8, seed=28)
+        side = torch.flagos.Stream(1)
+        before = [torch.flagos.current_stream(i) for i in (0, 1)]
+        assert torch.equal(torch.compile(fn)(x, side).cpu(), x.cpu() * 2)
+        assert [torch.flagos.current_stream(i) for i in (0, 1)] == before
+        assert torch.flagos.current_device() == 0
+
+
+@pytest.mark.cuda
+def test_streams_trace_under_fullgraph_on_the_cuda_driver():
+    torch._dynamo.reset()
+    x = randn(1000, seed=26)
+    counter = CompileCounterWithBackend("inductor")
+    before = torch.flagos.current_stream()
+    out = torch.compile(_side_stream, fullgraph=True, backend=counter)(x)
+    torch.flagos.synchronize()
+    assert torch.equal(out.cpu(), _side_stream(x).cpu()) and counter.frame_count == 1
+    assert torch.flagos.current_stream() == before
+
+
 @pytest.mark.parametrize("shape", [(8, 6), (3, 5, 4)], ids=["2d", "3d"])
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 def test_argreduce_of_a_permuted_input_returns_the_logical_index(op, shape):

@@ -8,6 +8,8 @@ only arranges for the registrations to happen when PyTorch first needs them:
   is imported (Dynamo has no lazy hook for a PrivateUse1 device);
 - the ``flagos`` backend name (``torch.compile(backend="flagos")``, backend.py),
   right after Dynamo's backend registry is imported;
+- Dynamo's rules for torch.flagos calls in compiled code (dynamo_rules.py),
+  right after ``torch._dynamo`` is imported;
 - on the cuda driver, the GPU-type entry Inductor's ``is_gpu`` reads, right
   after ``torch._inductor.utils`` is imported;
 - the memory format FakeTensors predict for a flagos convolution, the native
@@ -44,6 +46,12 @@ def _register_dynamo_backend() -> None:
     backend.register()
 
 
+def _add_dynamo_rules() -> None:
+    from . import dynamo_rules
+
+    dynamo_rules.install()
+
+
 def _register_gpu_type() -> None:
     from . import _compat
 
@@ -63,6 +71,9 @@ def install() -> None:
     after_import = {
         "torch._dynamo.device_interface": _register_dynamo_interface,
         "torch._dynamo.backends.registry": _register_dynamo_backend,
+        # Not a submodule: trace_rules and variables.torch import each other, so
+        # either may still be executing when the other's hook runs.
+        "torch._dynamo": _add_dynamo_rules,
         "torch._subclasses.fake_impls": _match_conv_layouts,
     }
     if _C._driver_name() == "cuda":

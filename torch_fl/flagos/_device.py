@@ -55,9 +55,16 @@ def _index_or_current(device) -> int:
     return current_device() if index == -1 else index
 
 
+_driver_name = None  # the driver's name, once asked: it never changes in a process
+
+
 def _on_cuda() -> bool:
     """Whether the cuda driver runs this process: flagos device i is then CUDA device i."""
-    return _C._driver_name() == "cuda"
+    # A Python global, so that compiled code (Dynamo) can read it after the first call.
+    global _driver_name
+    if _driver_name is None:
+        _driver_name = _C._driver_name()
+    return _driver_name == "cuda"
 
 
 def is_available() -> bool:

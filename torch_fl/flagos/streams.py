@@ -3,7 +3,7 @@
 import torch
 
 from .. import _C
-from ._device import _device_index, _on_cuda, current_device
+from ._device import _device_index, _index_or_current, _on_cuda, current_device
 
 _CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, as torch.Stream's device_type takes it
 
@@ -21,6 +21,11 @@ class Stream(torch.Stream):
     def __new__(cls, device=None, priority: int = 0, **kwargs):
         if kwargs:  # torch.Stream(stream_id=..., device_index=..., device_type=...)
             return super().__new__(cls, **kwargs)
+        if torch.compiler.is_compiling() and _on_cuda():
+            # What Dynamo can trace: a torch.Stream of the device, the same stream
+            # (compile/dynamo_rules.py says why the host driver is left out).
+            return torch.Stream(device=torch.device("flagos", _index_or_current(device)),
+                                priority=priority)
         return super().__new__(cls, device=_torch_device(device), priority=priority)
 
     @property
@@ -54,6 +59,13 @@ class Event:
 
 
 def current_stream(device=None) -> Stream:
+    if (torch.compiler.is_compiling() and _on_cuda()
+            and (device is None or _index_or_current(device) == current_device())):
+        # Dynamo cannot trace the conversion below (nor the device checks): it
+        # knows torch.accelerator's, which gives the same stream as a torch.Stream
+        # (compile/dynamo_rules.py says why the host driver is left out). Only for
+        # the current device: Dynamo answers that for any device it is given.
+        return torch.accelerator.current_stream()
     s = torch.accelerator.current_stream(_torch_device(device))
     return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
