@@ -255,15 +255,17 @@ def test_a_non_leaf_that_requires_grad_is_refused_where_it_is_sent(receiver):
     assert torch.equal(receiver("describe", y.detach())["cpu"], y.detach().cpu())
 
 
-def _child_fills(t, value):
-    t.fill_(value)
+def _child_fills(whole, part, value):
+    assert part.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    part.fill_(value)
     torch.flagos.synchronize()
 
 
 def test_process_arguments_and_pipes_share_the_memory():
     ctx = mp.get_context("spawn")
     t = torch.zeros(5, device="flagos")
-    child = ctx.Process(target=_child_fills, args=(t[1:4], 2.0))
+    # Two tensors over one storage: one reduction of it (its descriptor listed once).
+    child = ctx.Process(target=_child_fills, args=(t, t[1:4], 2.0))
     child.start()
     child.join(TIMEOUT_S)
     assert child.exitcode == 0

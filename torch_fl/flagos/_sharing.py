@@ -22,10 +22,12 @@ receiver would wait forever; there the error travels as a marker that raises it 
 the receiving process when it unpickles it (``q.get()``).
 """
 
+import multiprocessing.context
 import multiprocessing.queues
 import os
 import multiprocessing.reduction
 import threading
+import weakref
 from multiprocessing.reduction import ForkingPickler
 
 import torch
@@ -103,8 +105,43 @@ def _share_segment(segment, strategy: str):
 
 # ---- what is sent for the bytes of a storage ------------------------------------
 
+class _Carrier:
+    """One storage's reduction as an object, which pickle sends once per message.
+
+    Arguments of a process being spawned travel in one message whose descriptors
+    are listed once each, and a received descriptor is read once: two tensors over
+    one storage must share one reduction there, as PyTorch's reducer gets by
+    pickling one storage object once.
+    """
+
+    def __init__(self, rebuild, args):
+        self.reduced = (rebuild, args)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+# The carriers of each process being spawned, by flagos storage.
+_spawn_carriers = weakref.WeakKeyDictionary()
+
+
 def _send_bytes(t):
     """(rebuild, args) that give the receiver the whole storage of flagos tensor `t`."""
+    popen = multiprocessing.context.get_spawning_popen()
+    if popen is None:
+        return _received_storage, (_Carrier(*_reduce_bytes(t)),)
+    carriers = _spawn_carriers.setdefault(popen, {})
+    key = t.untyped_storage()._cdata  # alive while the arguments are pickled
+    if key not in carriers:
+        carriers[key] = _Carrier(*_reduce_bytes(t))
+    return _received_storage, (carriers[key],)
+
+
+def _received_storage(storage):
+    return storage  # the carrier arrives rebuilt
+
+
+def _reduce_bytes(t):
     index = t.device.index or 0
     if t.untyped_storage().nbytes() == 0:  # no memory to share (nor to map)
         return _empty_bytes, (index,)
