@@ -180,6 +180,15 @@ def test_the_memory_outlives_the_sender_s_tensor(receiver):
     receiver("drop", key="orphan")
 
 
+def test_ipc_collect_is_there_and_frees_nothing_in_use(receiver):
+    t = torch.randn(100, device="flagos")
+    receiver("hold", t, key="collect")
+    torch.flagos.ipc_collect()
+    assert torch.equal(receiver("read", key="collect")["cpu"], t.cpu())
+    receiver("drop", key="collect")
+    torch.flagos.ipc_collect()
+
+
 def test_a_tensor_sent_twice_keeps_its_memory(receiver):
     t = torch.randn(64, device="flagos")
     receiver("describe", t)

@@ -40,6 +40,7 @@ from .graphs import (
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
+    ipc_collect,
     max_memory_allocated,
     max_memory_cached,
     max_memory_reserved,
@@ -124,6 +125,7 @@ __all__ = [
     "device_count",
     "device_of",
     "empty_cache",
+    "ipc_collect",
     "get_amp_supported_dtype",
     "get_device_capability",
     "get_device_name",

@@ -44,6 +44,18 @@ def empty_cache() -> None:
     _C._empty_cache()
 
 
+def ipc_collect() -> None:
+    """Frees the memory this process sent to others that they have all released.
+
+    As ``torch.cuda.ipc_collect``: on the cuda driver flagos tensors travel by CUDA
+    IPC, whose sender keeps a block until every receiver lets go and checks only
+    now and then. Host-driver segments are freed by the last process to release
+    them, so there is nothing to collect.
+    """
+    if _on_cuda():
+        torch.cuda.ipc_collect()
+
+
 def mem_get_info(device=None) -> tuple:
     """(free, total) bytes of ``device`` as the driver sees them."""
     return tuple(_C._mem_get_info(_device_index(device)))
