@@ -24,8 +24,8 @@ the receiving process when it unpickles it (``q.get()``).
 
 import multiprocessing.context
 import multiprocessing.queues
-import os
 import multiprocessing.reduction
+import os
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -36,6 +36,7 @@ from torch.multiprocessing import reductions as _torch_reductions
 
 from .. import _C
 from .._wrap import wrap_once
+from ._device import _on_cuda
 
 _NON_LEAF = (
     "Cowardly refusing to serialize non-leaf flagos tensor which requires_grad, since "
@@ -45,10 +46,6 @@ _NON_LEAF = (
 
 # One storage moves into shared memory once, whichever thread sends it first.
 _move_lock = threading.Lock()
-
-
-def _host_driver() -> bool:
-    return _C._driver_name() == "host"
 
 
 def _bytes_of(storage):
@@ -145,7 +142,7 @@ def _reduce_bytes(t):
     index = t.device.index or 0
     if t.untyped_storage().nbytes() == 0:  # no memory to share (nor to map)
         return _empty_bytes, (index,)
-    if _host_driver():
+    if not _on_cuda():
         strategy = torch.multiprocessing.get_sharing_strategy()
         shared = _share_segment(_host_segment(t, strategy), strategy)
         return _host_bytes, (shared, strategy, index)
@@ -157,27 +154,41 @@ def _empty_bytes(index):
     return torch.empty(0, dtype=torch.uint8, device=torch.device("flagos", index)).untyped_storage()
 
 
+class _WeakStorages:
+    """Storages by an integer key, held weakly; entries of storages gone are forgotten."""
+
+    def __init__(self):
+        self._refs = {}
+        self._lock = threading.Lock()
+
+    def get_or_make(self, key, make=None, still_valid=lambda storage: True):
+        """The live storage under `key` if `still_valid`, else `make()`'s, kept (None without `make`)."""
+        with self._lock:
+            ref = self._refs.get(key)
+            if ref is not None and not ref.expired():
+                storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+                if still_valid(storage):
+                    return storage
+            if make is None:
+                return None
+            storage = make()
+            self._refs[key] = _torch_reductions.StorageWeakRef(storage)
+            if len(self._refs) > 256:
+                for k in [k for k, r in self._refs.items() if r.expired()]:
+                    del self._refs[k]
+            return storage
+
+
 # The receiver's flagos storages by the native storage they use: two tensors over one
 # storage arrive over one flagos storage (overlap checks, resizes), as PyTorch's own
 # cache gives CUDA and CPU receivers one storage.
-_received = {}
-_received_lock = threading.Lock()
+_received = _WeakStorages()
 
 
 def _flagos_storage_for(native, make):
-    key = native._cdata
-    with _received_lock:
-        ref = _received.get(key)
-        if ref is not None and not ref.expired():
-            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-            if storage.data_ptr() == native.data_ptr() and storage.nbytes() == native.nbytes():
-                return storage
-        storage = make().untyped_storage()
-        _received[key] = _torch_reductions.StorageWeakRef(storage)
-        if len(_received) > 256:  # forget storages that are gone
-            for k in [k for k, r in _received.items() if r.expired()]:
-                del _received[k]
-        return storage
+    return _received.get_or_make(
+        native._cdata, lambda: make().untyped_storage(),
+        lambda s: s.data_ptr() == native.data_ptr() and s.nbytes() == native.nbytes())
 
 
 def _host_bytes(shared, strategy, index):
@@ -190,25 +201,21 @@ def _host_bytes(shared, strategy, index):
 # cuda driver: the storages this process sent, by a token that travels with them. A
 # process cannot open its own CUDA IPC memory (a Pipe's two ends in one process): a
 # storage that comes back is looked up here instead, as PyTorch's cache does for CUDA.
-_sent = {}
+_sent = _WeakStorages()
 
 
 def _remember_sent(storage) -> int:
+    # A live entry under the token is this storage: its address is not reused while it lives.
     token = storage._cdata
-    with _received_lock:
-        _sent[token] = _torch_reductions.StorageWeakRef(storage)
-        if len(_sent) > 256:
-            for k in [k for k, r in _sent.items() if r.expired()]:
-                del _sent[k]
+    _sent.get_or_make(token, lambda: storage)
     return token
 
 
 def _cuda_bytes(sent, pid, token):
     if pid == os.getpid():
-        with _received_lock:
-            ref = _sent.get(token)
-            if ref is not None and not ref.expired():
-                return torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        storage = _sent.get_or_make(token)
+        if storage is not None:
+            return storage
     rebuild, args = sent
     native = rebuild(*args)
     # flagos device i is CUDA device i: the device PyTorch opened the memory on.
@@ -258,7 +265,7 @@ def _wrap_share_memory(original):
         # PyTorch leaves PrivateUse1 storages alone (as CUDA's, which are shareable as
         # they are). Host-driver memory must move first: done now, a program can share
         # before it makes aliases of the memory (DLPack, NumPy), as on the CPU.
-        if self.device.type == "flagos" and _host_driver() and self.nbytes() > 0:
+        if self.device.type == "flagos" and not _on_cuda() and self.nbytes() > 0:
             _host_segment(_bytes_of(self), torch.multiprocessing.get_sharing_strategy())
             return self
         return original(self, *args, **kwargs)
@@ -270,7 +277,7 @@ def _wrap_is_shared(original):
     def is_shared(self):
         if self.device.type == "flagos":
             # cuda driver: always shareable, as CUDA's storages are.
-            return not _host_driver() or _C._ipc_host_segment(_bytes_of(self)) is not None
+            return _on_cuda() or _C._ipc_host_segment(_bytes_of(self)) is not None
         return original(self)
 
     return is_shared
