@@ -28,14 +28,12 @@ void release_segment(void* ctx) { delete static_cast<Segment*>(ctx); }
 // A segment of the strategy it claims. PyTorch's reducer would copy any other
 // memory into a new segment and swap the copy into the CPU storage, freeing
 // the memory a flagos storage uses.
-void check_segment(const at::Tensor& segment, size_t nbytes, const std::string& strategy) {
+void check_segment(const at::Tensor& segment, const std::string& strategy) {
   TORCH_CHECK(segment.defined() && segment.device().is_cpu() &&
                   segment.scalar_type() == at::kByte && segment.dim() == 1 &&
                   segment.storage_offset() == 0 &&
                   static_cast<size_t>(segment.numel()) == segment.storage().nbytes(),
               "torch_fl sharing: a segment is a 1-D uint8 CPU tensor over a whole storage");
-  TORCH_CHECK(segment.storage().nbytes() == nbytes, "torch_fl sharing: a segment of ",
-              segment.storage().nbytes(), " bytes for a storage of ", nbytes);
   TORCH_CHECK(strategy == kFileDescriptor || strategy == kFileSystem,
               "torch_fl sharing: unknown sharing strategy '", strategy, "' (valid: ",
               kFileDescriptor, ", ", kFileSystem, ")");
@@ -71,7 +69,9 @@ void host_move_into(const at::Tensor& t, const at::Tensor& segment, std::string 
   check_flagos(t, "the tensor to send");
   c10::StorageImpl& fs = *t.storage().unsafeGetStorageImpl();
   const size_t nbytes = fs.nbytes();
-  check_segment(segment, nbytes, strategy);
+  check_segment(segment, strategy);
+  TORCH_CHECK(segment.storage().nbytes() == nbytes, "torch_fl sharing: a segment of ",
+              segment.storage().nbytes(), " bytes for a storage of ", nbytes);
   const c10::DeviceIndex device = t.device().index();
   // Kernels queued on the device's streams may still write the old memory.
   runtime::driver().synchronizeDevice(device);
@@ -83,11 +83,9 @@ void host_move_into(const at::Tensor& t, const at::Tensor& segment, std::string 
 at::Tensor host_adopt(const at::Tensor& segment, c10::DeviceIndex device, std::string strategy) {
   check_driver(/*host=*/true, "adopting shared memory");
   runtime::check_device_index(device);
-  TORCH_CHECK(segment.defined(), "torch_fl sharing: an undefined segment");
-  const size_t nbytes = segment.storage().nbytes();
-  check_segment(segment, nbytes, strategy);
-  c10::Storage storage(
-      runtime::make_flagos_storage(nbytes, segment_data(segment, std::move(strategy), device)));
+  check_segment(segment, strategy);
+  c10::Storage storage(runtime::make_flagos_storage(
+      segment.storage().nbytes(), segment_data(segment, std::move(strategy), device)));
   make_unresizable(*storage.unsafeGetStorageImpl());
   return bytes_over(std::move(storage), c10::DispatchKey::PrivateUse1);
 }
