@@ -1,0 +1,70 @@
+// AOTInductor packages compiled for flagos: the runner that
+// torch._inductor.aoti_load_package (AOTIModelPackageLoader) looks up by the
+// package's device name, and the one C function the generated model calls
+// besides the C shims.
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
+
+#include "inductor/flagos_aoti.h"
+#include "runtime/cuda_bridge.h"
+
+namespace torch_fl::aoti {
+namespace {
+
+c10::Device flagos_device(const std::string& device_str) {
+  c10::Device device(device_str);
+  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1,
+              "the flagos AOTInductor runner was asked for device '", device_str,
+              "'; it runs packages compiled for flagos only");
+  if (!device.has_index()) {
+    device.set_index(c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index());
+  }
+  return device;
+}
+
+class FlagosModelRunner final : public torch::inductor::AOTIModelContainerRunner {
+ public:
+  FlagosModelRunner(const std::string& model_so_path, size_t num_models, const c10::Device device,
+                    const std::string& cubin_dir, bool run_single_threaded)
+      : AOTIModelContainerRunner(model_so_path, num_models, device.str(), cubin_dir, run_single_threaded),
+        device_(device) {}
+
+ protected:
+  std::vector<at::Tensor> run_impl(std::vector<AtenTensorHandle>& input_handles, void* stream_handle) override {
+    c10::DeviceGuard guard(device_);
+    // As CUDA's runner: without a stream, the model runs on the current one
+    // (flagos' current stream is CUDA's on this driver).
+    if (stream_handle == nullptr && runtime::uses_cuda()) {
+      stream_handle = runtime::cuda::current_stream_handle(device_.index());
+    }
+    return AOTIModelContainerRunner::run_impl(input_handles, stream_handle);
+  }
+
+ private:
+  c10::Device device_;
+};
+
+std::unique_ptr<torch::inductor::AOTIModelContainerRunner> create_runner(
+    const std::string& model_so_path, size_t num_models, const std::string& device_str,
+    const std::string& cubin_dir, const bool run_single_threaded) {
+  const c10::Device device = flagos_device(device_str);
+  // The model loads its weights as it is constructed, through at::from_blob,
+  // which takes the device of memory it cannot place from the current device.
+  c10::DeviceGuard guard(device);
+  return std::make_unique<FlagosModelRunner>(model_so_path, num_models, device, cubin_dir,
+                                             run_single_threaded);
+}
+
+const torch::inductor::RegisterAOTIModelRunner register_runner("flagos", &create_runner);
+
+}  // namespace
+}  // namespace torch_fl::aoti
+
+extern "C" AOTITorchError aoti_torch_flagos_current_device(int32_t* device_index) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *device_index = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+  });
+}
