@@ -15,6 +15,10 @@ only arranges for the registrations to happen when PyTorch first needs them:
 - the memory format FakeTensors predict for a flagos convolution, the native
   device's (conv_layout.py), right after ``torch._subclasses.fake_impls`` is
   imported;
+- libtorch_fl_aoti.so (the C shims of Inductor's C++ wrapper and the
+  AOTInductor runner, cpp_wrapper.py), right after ``torch._inductor`` is
+  imported, so that ``torch._inductor.aoti_load_package`` finds the flagos
+  runner in a process that never compiles;
 - Inductor's backend (scheduling, wrapper, device op overrides), when Inductor
   first asks the device module for it (``init_backend_registration`` reads
   ``torch.flagos.Scheduling`` and friends; see torch_fl/flagos/__init__.py).
@@ -64,6 +68,12 @@ def _match_conv_layouts() -> None:
     conv_layout.install_now()
 
 
+def _load_aoti_library() -> None:
+    from . import cpp_wrapper
+
+    cpp_wrapper.load_library()
+
+
 def install() -> None:
     """Arranges the lazy registrations; cheap and idempotent."""
     from .. import _C
@@ -75,11 +85,15 @@ def install() -> None:
         # either may still be executing when the other's hook runs.
         "torch._dynamo": _add_dynamo_rules,
         "torch._subclasses.fake_impls": _match_conv_layouts,
+        # AOTInductor's package loader finds the flagos runner by name.
+        "torch._inductor": _load_aoti_library,
     }
     if _C._driver_name() == "cuda":
         after_import["torch._inductor.utils"] = _register_gpu_type
     for name, callback in after_import.items():
-        _import_hooks.after_import(name, callback, "torch.compile on flagos tensors will fail")
+        consequence = ("AOTInductor packages compiled for flagos will not load" if callback is _load_aoti_library
+                       else "torch.compile on flagos tensors will fail")
+        _import_hooks.after_import(name, callback, consequence)
 
 
 def inductor_backend():

@@ -15,7 +15,7 @@ from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
 from torch._inductor.virtualized import V
 
-from . import _compat, _native
+from . import _compat, _native, cpp_wrapper
 
 
 @_native.generate_for("cuda", with_index=True)
@@ -77,11 +77,12 @@ class FlagosCudaWrapperCodegen(_PythonWrapperCodegen):
 
 Scheduling = FlagosTritonScheduling
 PythonWrapperCodegen = FlagosCudaWrapperCodegen
-CppWrapperCodegen = None  # cpp_wrapper / AOTInductor: not supported on flagos
+CppWrapperCodegen = cpp_wrapper.cuda_wrapper()  # cpp_wrapper=True and AOTInductor
 WrapperFxCodegen = None
 
 
 def register() -> None:
+    cpp_wrapper.register("cuda")
     # CUDA's device switching and raw stream: flagos device N and its current
     # stream are CUDA device N's on this driver.
     register_device_op_overrides("flagos", CUDADeviceOpOverrides())

@@ -12,7 +12,7 @@ from torch._inductor.codegen.wrapper import (
     SubgraphPythonWrapperCodegen as _SubgraphPythonWrapperCodegen,
 )
 
-from . import _compat, _native, host_decisions
+from . import _compat, _native, cpp_wrapper, host_decisions
 
 
 @_native.generate_for("cpu", with_index=False)
@@ -67,11 +67,12 @@ class FlagosHostWrapperCodegen(_IndexedAllocations, _PythonWrapperCodegen):
 # The names Inductor reads from the device module (torch.flagos.Scheduling, ...).
 Scheduling = FlagosCppScheduling
 PythonWrapperCodegen = FlagosHostWrapperCodegen
-CppWrapperCodegen = None  # cpp_wrapper / AOTInductor: not supported on flagos
+CppWrapperCodegen = cpp_wrapper.host_wrapper()  # cpp_wrapper=True and AOTInductor
 WrapperFxCodegen = None
 
 
 def register() -> None:
+    cpp_wrapper.register("cpu")
     register_device_op_overrides("flagos", HostDeviceOpOverrides())
     _compat.register_backend(
         "flagos", Scheduling, PythonWrapperCodegen, CppWrapperCodegen, WrapperFxCodegen,

@@ -1,0 +1,214 @@
+"""Inductor's C++ wrapper (``cpp_wrapper=True``) and AOTInductor for flagos graphs.
+
+The C++ wrapper is Inductor's own (CPU's on the host driver, CUDA's on the
+cuda driver: the kernels are the native device's, docs/compile.md), with three
+flagos pieces:
+
+- operators Inductor leaves to ATen call ``aoti_torch_flagos_<op>``, C shims
+  generated at build time from this torch's torchgen (csrc/inductor/
+  gen_c_shim.py) that call the operator through the dispatcher, so routing
+  decides the kernel as in eager mode. They live in libtorch_fl_aoti.so,
+  loaded with global symbols so the wrappers Inductor compiles resolve them;
+- buffers are allocated as PrivateUse1 (flagos) tensors;
+- an AOTInductor model is built as its native device's model, which is all
+  AOTInductor's model base accepts, and relabelled flagos in its constructor
+  (flagos_aoti.h), so its weights and outputs are flagos tensors. The package
+  records device "flagos"; ``aoti_load_package`` finds the runner
+  libtorch_fl_aoti.so registers under that name.
+"""
+
+import ctypes
+import os
+import re
+import threading
+
+_lock = threading.RLock()
+_library = None
+_unavailable = None  # why the C++ wrapper cannot run on flagos in this process, or None
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBRARY_PATH = os.path.join(_PACKAGE_DIR, "lib", "libtorch_fl_aoti.so")
+HEADER_PATH = os.path.join(_PACKAGE_DIR, "include", "flagos_aoti.h")
+
+
+def load_library() -> None:
+    """Loads libtorch_fl_aoti.so once, its symbols global (the C shims, the runner)."""
+    global _library
+    with _lock:
+        if _library is None:
+            if not os.path.exists(LIBRARY_PATH):
+                raise RuntimeError(
+                    f"torch_fl: {LIBRARY_PATH} is missing, so Inductor's C++ wrapper and AOTInductor "
+                    "cannot run on flagos; rebuild torch_fl (pip install . or scripts/dev_build.sh)"
+                )
+            _library = ctypes.CDLL(LIBRARY_PATH, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+
+
+def _register_device_names() -> None:
+    # How the C++ wrapper spells the flagos device: at::kPrivateUse1, and its
+    # DeviceType number for the input checks of an AOTInductor model.
+    from torch._inductor.codegen import cpp_utils
+
+    cpp_utils.DEVICE_TO_ATEN["flagos"] = "at::kPrivateUse1"
+    cpp_utils.DEVICE_TO_INT["flagos"] = _library.aoti_torch_device_type_privateuse1()
+
+
+_BASE_INIT = re.compile(r"^(\s*)device_str,\s*$")
+
+
+def check_available() -> None:
+    """Raises, naming the cause, when Inductor's C++ wrapper cannot run on flagos."""
+    if _unavailable is not None:
+        raise RuntimeError(
+            "torch_fl: Inductor's C++ wrapper (cpp_wrapper=True, AOTInductor) cannot run on flagos "
+            f"in this process: {_unavailable}. The Python wrapper (the default) is unaffected."
+        )
+
+
+class FlagosCppWrapperMixin:
+    """What a flagos C++ wrapper adds to the native device's (``native_type``)."""
+
+    native_type = "cpu"
+
+    def __init__(self):
+        check_available()
+        super().__init__()  # the native device's code generation
+        self.device = "flagos"
+
+    @classmethod
+    def create(cls, is_subgraph, subgraph_name=None, parent_wrapper=None, partition_signatures=None):
+        return cls()
+
+    @classmethod
+    def _include(cls, method: str, device: str) -> str:
+        # The native device's header, and flagos_aoti.h after it for flagos.
+        native = getattr(super(), method)(cls.native_type if device == "flagos" else device)
+        return native if device != "flagos" else f'{native}\n#include "{HEADER_PATH}"'
+
+    @classmethod
+    def get_device_include_path(cls, device):  # torch 2.11's name for the two below
+        return cls._include("get_device_include_path", device)
+
+    @classmethod
+    def get_device_include_path_jit(cls, device):
+        return cls._include("get_device_include_path_jit", device)
+
+    @classmethod
+    def get_device_include_path_aot(cls, device):
+        return cls._include("get_device_include_path_aot", device)
+
+    def write_header(self):
+        # Some torch versions name the header of the wrapper's own device
+        # (self.device) directly: that must be the native device's.
+        self.device = self.native_type
+        try:
+            super().write_header()
+        finally:
+            self.device = "flagos"
+        from torch._inductor.virtualized import V
+
+        if not V.graph.is_const_graph:
+            self.header.splice(f'#include "{HEADER_PATH}"')
+
+    def codegen_model_constructor(self):
+        super().codegen_model_constructor()
+        # The model base takes the native device's name; the body relabels
+        # the model flagos before its weights are loaded (they are loaded by
+        # the container, after construction).
+        lines = self.prefix._lines
+        start = next((i for i, line in enumerate(lines)
+                      if isinstance(line, str) and ": AOTInductorModelBase(" in line), None)
+        base = next((i for i in range(start or 0, len(lines))
+                     if start is not None and isinstance(lines[i], str) and _BASE_INIT.match(lines[i])), None)
+        body = next((i for i in range(base or 0, len(lines))
+                     if base is not None and isinstance(lines[i], str) and lines[i].rstrip().endswith(") {")), None)
+        if body is None:
+            raise RuntimeError(
+                "torch_fl: this torch's AOTInductor model constructor is not the one flagos knows "
+                "(torch/_inductor/codegen/cpp_wrapper_cpu.py codegen_model_constructor); "
+                "AOTInductor cannot build flagos models with it"
+            )
+        indent = _BASE_INIT.match(lines[base]).group(1)
+        lines[base] = f'{indent}torch_fl::aoti::native_device_str(device_str, "{self.native_type}"),'
+        lines.insert(body + 1, "    device_type_ = aoti_torch_device_type_privateuse1();")
+        lines.insert(body + 2, "    device_idx_ = torch_fl::aoti::device_index(device_str);")
+
+
+def host_wrapper():
+    """The C++ wrapper class for the host driver: CPU's, for flagos."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+    class FlagosHostCppWrapper(FlagosCppWrapperMixin, CppWrapperCpu):
+        native_type = "cpu"
+
+    return FlagosHostCppWrapper
+
+
+_native_type = None  # "cpu" or "cuda", once registered
+
+
+def _build_as_native() -> None:
+    # Inductor builds a graph's C++ with the options and precompiled header of
+    # its device type; flagos code is the native device's code (plus
+    # flagos_aoti.h, which the wrapper includes by path).
+    from torch._inductor import codecache, cpp_builder
+
+    # Names that older or newer torch may lack are checked up front, so that
+    # a torch this code does not know fails here, with its name.
+    for module, name in ((cpp_builder, "get_cpp_torch_device_options"),
+                         (codecache, "_get_cpp_wrapper_header"),
+                         (codecache, "_get_cpp_prefix_header")):
+        if not callable(getattr(module, name, None)):
+            raise RuntimeError(f"this torch has no {module.__name__}.{name}")
+
+    def native(device_type):
+        if isinstance(device_type, str) and device_type.split(":", 1)[0] == "flagos":
+            return _native_type
+        return device_type
+
+    device_options = cpp_builder.get_cpp_torch_device_options
+
+    def get_cpp_torch_device_options(device_type, *args, **kwargs):
+        return device_options(native(device_type), *args, **kwargs)
+
+    wrapper_header = codecache._get_cpp_wrapper_header
+
+    def _get_cpp_wrapper_header(device, *args, **kwargs):
+        return wrapper_header(native(device), *args, **kwargs)
+
+    prefix_header = codecache._get_cpp_prefix_header
+
+    def _get_cpp_prefix_header(device, *args, **kwargs):
+        return prefix_header(native(device), *args, **kwargs)
+
+    cpp_builder.get_cpp_torch_device_options = get_cpp_torch_device_options
+    codecache._get_cpp_wrapper_header = _get_cpp_wrapper_header
+    codecache._get_cpp_prefix_header = _get_cpp_prefix_header
+
+
+def cuda_wrapper():
+    """The C++ wrapper class for the cuda driver: CUDA's (Triton kernels), for flagos."""
+    from torch._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
+
+    class FlagosCudaCppWrapper(FlagosCppWrapperMixin, CppWrapperGpu):
+        native_type = "cuda"
+
+    return FlagosCudaCppWrapper
+
+
+def register(native_type: str) -> None:
+    """Loads the shims and teaches Inductor's C++ build the flagos device (once)."""
+    global _native_type
+    global _unavailable
+    with _lock:
+        if _native_type is not None:
+            return
+        _native_type = native_type
+        # A failure here must not take the Python wrapper (torch.compile's
+        # default) down with it: it is reported when the C++ wrapper is used.
+        try:
+            load_library()
+            _register_device_names()
+            _build_as_native()
+        except Exception as error:  # noqa: BLE001  (any cause, reported later)
+            _unavailable = f"{type(error).__name__}: {error}"
