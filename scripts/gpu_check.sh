@@ -71,6 +71,7 @@ if [ "$what" = suite ]; then
   FLAGOS_QWEN3_PARALLEL=4 run_group qwen3 tests/python/test_qwen3.py -m cuda
   run_group flaggems tests/python/test_flaggems.py tests/python/test_flaggems_registration.py -m "not slow"
   run_group compile tests/python/test_compile.py
+  run_group aoti tests/python/test_aoti.py
   run_group graphs_sdpa tests/python/test_graphs.py tests/python/test_sdpa.py
   run_group driver tests/python/test_cuda_driver.py tests/python/test_cuda_copies.py \
     tests/python/test_unboxed_routes.py tests/python/test_coexistence.py tests/python/test_memory.py \
