@@ -33,6 +33,40 @@ def test_device_count_follows_flagos_host_devices():
     assert torch.flagos.device_count() == int(os.environ["FLAGOS_HOST_DEVICES"])
 
 
+TELEMETRY = ("utilization", "memory_usage", "device_memory_used", "temperature", "power_draw", "clock_rate",
+             "list_gpu_processes")
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("name", TELEMETRY)
+def test_telemetry_on_the_host_driver_raises_naming_the_driver(name):
+    with pytest.raises(RuntimeError, match=rf"torch\.flagos\.{name} needs the cuda driver.*'host' driver"):
+        getattr(torch.flagos, name)()
+
+
+@pytest.mark.parametrize("device, error", [("flagos:9", "valid indices are 0"), ("cpu", "expected a flagos device")])
+def test_telemetry_checks_its_device_argument_first(device, error):
+    with pytest.raises((RuntimeError, ValueError), match=error):
+        torch.flagos.utilization(device)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", TELEMETRY)
+def test_telemetry_is_torch_cudas_on_the_cuda_driver(name):
+    # Values move from sample to sample; the type, or the error when NVML is
+    # missing, must be torch.cuda's.
+    try:
+        want = getattr(torch.cuda, name)(0)
+    except Exception as error:  # noqa: BLE001
+        with pytest.raises(type(error)):
+            getattr(torch.flagos, name)("flagos:0")
+        return
+    got = getattr(torch.flagos, name)("flagos:0")
+    assert type(got) is type(want)
+    if name == "list_gpu_processes":
+        assert got.splitlines()[0] == want.splitlines()[0]
+
+
 def test_default_current_device_is_zero():
     assert torch.flagos.current_device() == 0
 

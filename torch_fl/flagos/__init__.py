@@ -30,6 +30,15 @@ from ._device import (
 from . import _dlpack, _sharing  # noqa: F401
 from . import amp  # noqa: F401  (torch.flagos.amp.autocast / GradScaler, as torch.cuda.amp)
 from .amp import get_amp_supported_dtype
+from .telemetry import (
+    clock_rate,
+    device_memory_used,
+    list_gpu_processes,
+    memory_usage,
+    power_draw,
+    temperature,
+    utilization,
+)
 from .graphs import (
     FlagosGraph,
     graph,
@@ -117,12 +126,14 @@ __all__ = [
     "Stream",
     "StreamContext",
     "can_device_access_peer",
+    "clock_rate",
     "current_device",
     "current_stream",
     "default_generators",
     "default_stream",
     "device",
     "device_count",
+    "device_memory_used",
     "device_of",
     "empty_cache",
     "ipc_collect",
@@ -142,6 +153,7 @@ __all__ = [
     "is_bf16_supported",
     "is_current_stream_capturing",
     "is_initialized",
+    "list_gpu_processes",
     "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
@@ -156,6 +168,8 @@ __all__ = [
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
+    "memory_usage",
+    "power_draw",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
@@ -170,4 +184,6 @@ __all__ = [
     "set_sync_debug_mode",
     "stream",
     "synchronize",
+    "temperature",
+    "utilization",
 ]
