@@ -3,6 +3,10 @@
 // package's device name, and the one C function the generated model calls
 // besides the C shims.
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
@@ -25,12 +29,55 @@ c10::Device flagos_device(const std::string& device_str) {
   return device;
 }
 
+// The container's calls that make weight tensors (at::from_blob, which places
+// memory it cannot attribute by the current device) or run constant folding
+// are not virtual in the runner. Each such entry point of the model library is
+// replaced by one that sets the model's device around the original, found by
+// (container, slot).
+using ContainerHandle = AOTInductorModelContainerHandle;
+
+struct GuardedEntry {
+  c10::Device device;
+  void* original;
+};
+
+std::mutex& guarded_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::map<std::pair<ContainerHandle, int>, GuardedEntry>& guarded_entries() {
+  static auto* entries = new std::map<std::pair<ContainerHandle, int>, GuardedEntry>();
+  return *entries;
+}
+
+template <int Slot, typename... Args>
+AOTIRuntimeError guarded_entry(ContainerHandle container, Args... args) {
+  GuardedEntry entry{c10::Device(c10::DeviceType::PrivateUse1), nullptr};
+  {
+    std::lock_guard<std::mutex> lock(guarded_mutex());
+    entry = guarded_entries().at({container, Slot});
+  }
+  c10::DeviceGuard guard(entry.device);
+  return reinterpret_cast<AOTIRuntimeError (*)(ContainerHandle, Args...)>(entry.original)(container, args...);
+}
+
 class FlagosModelRunner final : public torch::inductor::AOTIModelContainerRunner {
  public:
   FlagosModelRunner(const std::string& model_so_path, size_t num_models, const c10::Device device,
                     const std::string& cubin_dir, bool run_single_threaded)
       : AOTIModelContainerRunner(model_so_path, num_models, device.str(), cubin_dir, run_single_threaded),
-        device_(device) {}
+        device_(device) {
+    guard_entries(*this);
+  }
+
+  ~FlagosModelRunner() override {
+    std::lock_guard<std::mutex> lock(guarded_mutex());
+    auto& entries = guarded_entries();
+    for (auto it = entries.begin(); it != entries.end();) {
+      it = it->first.first == container_handle_ ? entries.erase(it) : std::next(it);
+    }
+  }
 
  protected:
   std::vector<at::Tensor> run_impl(std::vector<AtenTensorHandle>& input_handles, void* stream_handle) override {
@@ -44,6 +91,43 @@ class FlagosModelRunner final : public torch::inductor::AOTIModelContainerRunner
   }
 
  private:
+  template <int Slot, typename... Args>
+  void guard_entry(AOTIRuntimeError (*&entry)(ContainerHandle, Args...)) {
+    if (entry == nullptr) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(guarded_mutex());
+      guarded_entries().insert_or_assign({container_handle_, Slot},
+                                         GuardedEntry{device_, reinterpret_cast<void*>(entry)});
+    }
+    entry = &guarded_entry<Slot, Args...>;
+  }
+
+  // A template, so that an entry point this torch's runner does not have is
+  // skipped rather than a compile error (the set grows with torch versions).
+  template <typename Self>
+  void guard_entries(Self& self) {
+    if constexpr (requires { self.template guard_entry<0>(self.update_constant_buffer_func_); }) {
+      guard_entry<0>(self.update_constant_buffer_func_);
+    }
+    if constexpr (requires { self.template guard_entry<1>(self.update_inactive_constant_buffer_func_); }) {
+      guard_entry<1>(self.update_inactive_constant_buffer_func_);
+    }
+    if constexpr (requires { self.template guard_entry<2>(self.update_user_managed_constant_buffer_func_); }) {
+      guard_entry<2>(self.update_user_managed_constant_buffer_func_);
+    }
+    if constexpr (requires { self.template guard_entry<3>(self.update_constant_buffer_from_cpu_func_); }) {
+      guard_entry<3>(self.update_constant_buffer_from_cpu_func_);
+    }
+    if constexpr (requires { self.template guard_entry<4>(self.run_const_fold_func_); }) {
+      guard_entry<4>(self.run_const_fold_func_);
+    }
+    if constexpr (requires { self.template guard_entry<5>(self.update_constants_from_blob_func_); }) {
+      guard_entry<5>(self.update_constants_from_blob_func_);
+    }
+  }
+
   c10::Device device_;
 };
 
