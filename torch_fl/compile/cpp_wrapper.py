@@ -8,7 +8,7 @@ flagos pieces:
   generated at build time from this torch's torchgen (csrc/inductor/
   gen_c_shim.py) that call the operator through the dispatcher, so routing
   decides the kernel as in eager mode. They live in libtorch_fl_aoti.so,
-  loaded with global symbols so the wrappers Inductor compiles resolve them;
+  which the wrappers Inductor compiles for flagos link against;
 - buffers are allocated as PrivateUse1 (flagos) tensors;
 - an AOTInductor model is built as its native device's model, which is all
   AOTInductor's model base accepts, and relabelled flagos in its constructor
@@ -18,6 +18,8 @@ flagos pieces:
 """
 
 import ctypes
+import functools
+import hashlib
 import os
 import re
 import threading
@@ -32,7 +34,12 @@ HEADER_PATH = os.path.join(_PACKAGE_DIR, "include", "flagos_aoti.h")
 
 
 def load_library() -> None:
-    """Loads libtorch_fl_aoti.so once, its symbols global (the C shims, the runner)."""
+    """Loads libtorch_fl_aoti.so once: it registers the AOTInductor runner for flagos.
+
+    Loaded with local symbols: the compiled wrappers find the shims by linking
+    against the library, and nothing of it, or of the torch libraries it
+    depends on, enters the process's global symbol scope.
+    """
     global _library
     with _lock:
         if _library is None:
@@ -41,7 +48,7 @@ def load_library() -> None:
                     f"torch_fl: {LIBRARY_PATH} is missing, so Inductor's C++ wrapper and AOTInductor "
                     "cannot run on flagos; rebuild torch_fl (pip install . or scripts/dev_build.sh)"
                 )
-            _library = ctypes.CDLL(LIBRARY_PATH, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+            _library = ctypes.CDLL(LIBRARY_PATH, mode=os.RTLD_LOCAL | os.RTLD_NOW)
 
 
 def _register_device_names() -> None:
@@ -51,6 +58,15 @@ def _register_device_names() -> None:
 
     cpp_utils.DEVICE_TO_ATEN["flagos"] = "at::kPrivateUse1"
     cpp_utils.DEVICE_TO_INT["flagos"] = _library.aoti_torch_device_type_privateuse1()
+
+
+@functools.cache
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for name in ("flagos_aoti.h", "c_shim_flagos.h"):
+        with open(os.path.join(os.path.dirname(HEADER_PATH), name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 _BASE_INIT = re.compile(r"^(\s*)device_str,\s*$")
@@ -108,7 +124,9 @@ class FlagosCppWrapperMixin:
         from torch._inductor.virtualized import V
 
         if not V.graph.is_const_graph:
-            self.header.splice(f'#include "{HEADER_PATH}"')
+            # The digest enters Inductor's cache keys (the source text): code
+            # compiled against other flagos headers is never reused.
+            self.header.splice(f'#include "{HEADER_PATH}"  // flagos headers {_headers_digest()}')
 
     def codegen_model_constructor(self):
         super().codegen_model_constructor()
@@ -167,9 +185,20 @@ def _build_as_native() -> None:
         return device_type
 
     device_options = cpp_builder.get_cpp_torch_device_options
+    library_dir = os.path.dirname(LIBRARY_PATH)
 
     def get_cpp_torch_device_options(device_type, *args, **kwargs):
-        return device_options(native(device_type), *args, **kwargs)
+        options = device_options(native(device_type), *args, **kwargs)
+        if native(device_type) == device_type:
+            return options
+        # flagos code links the shims' library, found again at load by its
+        # rpath. Link options only: Inductor drops them from steps that do
+        # not link (compile only, precompiled headers).
+        (definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough) = options
+        ldflags = [*ldflags, f"Wl,-rpath,{library_dir}"]  # Inductor adds the leading "-"
+        library_dirs = [*library_dirs, library_dir]
+        libraries = [*libraries, "torch_fl_aoti"]
+        return definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough
 
     wrapper_header = codecache._get_cpp_wrapper_header
 
