@@ -11,6 +11,9 @@ if [ ! -f build/dev/build.ninja ]; then
 fi
 ninja -C build/dev
 cp build/dev/_C*.so torch_fl/
-mkdir -p torch_fl/lib torch_fl/include
-cp build/dev/libtorch_fl.so build/dev/libtorch_fl_aoti.so torch_fl/lib/
-cp csrc/inductor/flagos_aoti.h build/dev/generated/inductor/c_shim_flagos.h torch_fl/include/
+mkdir -p torch_fl/lib && cp build/dev/libtorch_fl.so torch_fl/lib/
+if [ -f build/dev/libtorch_fl_aoti.so ]; then  # absent when this torch's torchgen could not generate it
+  mkdir -p torch_fl/include
+  cp build/dev/libtorch_fl_aoti.so torch_fl/lib/
+  cp csrc/inductor/flagos_aoti.h build/dev/generated/inductor/c_shim_flagos.h torch_fl/include/
+fi
