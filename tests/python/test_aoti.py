@@ -185,12 +185,19 @@ def test_aoti_package_loads_in_a_fresh_process(package, tmp_path, run_py):
 
 def test_aoti_package_for_the_second_device(tmp_path):
     net, path = _package(str(tmp_path), "flagos:1")
+    assert torch.flagos.current_device() == 0
     compiled = torch._inductor.aoti_load_package(path, device_index=1)
     x, k = randn(3, 3, 8, 8, seed=14, device="flagos:1"), randn(7, seed=15, device="flagos:1")
     with torch.no_grad():
         got = compiled(x, k)
         _assert_matches(got, net(x, k))
     assert all(g.device == torch.device("flagos:1") for g in got)
+    # New weights while another device is current: the model makes them on its own.
+    new_weight = randn(*net.fc.weight.shape, seed=16, device="flagos:1")
+    compiled.load_constants({"fc.weight": new_weight}, check_full_update=False)
+    with torch.no_grad():
+        net.fc.weight.copy_(new_weight)
+        _assert_matches(compiled(x, k), net(x, k))
 
 
 def test_cpp_wrapper_failure_is_reported_by_name(monkeypatch):
