@@ -85,15 +85,14 @@ def install() -> None:
         # either may still be executing when the other's hook runs.
         "torch._dynamo": _add_dynamo_rules,
         "torch._subclasses.fake_impls": _match_conv_layouts,
-        # AOTInductor's package loader finds the flagos runner by name.
-        "torch._inductor": _load_aoti_library,
     }
     if _C._driver_name() == "cuda":
         after_import["torch._inductor.utils"] = _register_gpu_type
     for name, callback in after_import.items():
-        consequence = ("AOTInductor packages compiled for flagos will not load" if callback is _load_aoti_library
-                       else "torch.compile on flagos tensors will fail")
-        _import_hooks.after_import(name, callback, consequence)
+        _import_hooks.after_import(name, callback, "torch.compile on flagos tensors will fail")
+    # AOTInductor's package loader finds the flagos runner by name.
+    _import_hooks.after_import("torch._inductor", _load_aoti_library,
+                               "AOTInductor packages compiled for flagos will not load")
 
 
 def inductor_backend():

@@ -24,8 +24,12 @@ import os
 import re
 import threading
 
+from .._wrap import wrap_once
+from ..flagos._device import _on_cuda
+
 _lock = threading.RLock()
 _library = None
+_registered = False
 _unavailable = None  # why the C++ wrapper cannot run on flagos in this process, or None
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,9 +101,8 @@ class FlagosCppWrapperMixin:
 
     @classmethod
     def _include(cls, method: str, device: str) -> str:
-        # The native device's header, and flagos_aoti.h after it for flagos.
-        native = getattr(super(), method)(cls.native_type if device == "flagos" else device)
-        return native if device != "flagos" else f'{native}\n#include "{HEADER_PATH}"'
+        # flagos code needs the native device's header; write_header adds flagos_aoti.h.
+        return getattr(super(), method)(cls.native_type if device == "flagos" else device)
 
     @classmethod
     def get_device_include_path(cls, device):  # torch 2.11's name for the two below
@@ -134,12 +137,9 @@ class FlagosCppWrapperMixin:
         # the model flagos before its weights are loaded (they are loaded by
         # the container, after construction).
         lines = self.prefix._lines
-        start = next((i for i, line in enumerate(lines)
-                      if isinstance(line, str) and ": AOTInductorModelBase(" in line), None)
-        base = next((i for i in range(start or 0, len(lines))
-                     if start is not None and isinstance(lines[i], str) and _BASE_INIT.match(lines[i])), None)
-        body = next((i for i in range(base or 0, len(lines))
-                     if base is not None and isinstance(lines[i], str) and lines[i].rstrip().endswith(") {")), None)
+        start = _find_line(lines, 0, lambda line: ": AOTInductorModelBase(" in line)
+        base = None if start is None else _find_line(lines, start, _BASE_INIT.match)
+        body = None if base is None else _find_line(lines, base, lambda line: line.rstrip().endswith(") {"))
         if body is None:
             raise RuntimeError(
                 "torch_fl: this torch's AOTInductor model constructor is not the one flagos knows "
@@ -152,6 +152,11 @@ class FlagosCppWrapperMixin:
         lines.insert(body + 2, "    device_idx_ = torch_fl::aoti::device_index(device_str);")
 
 
+def _find_line(lines, start: int, matches):
+    """The index of the first code line from `start` that `matches`, or None."""
+    return next((i for i in range(start, len(lines)) if isinstance(lines[i], str) and matches(lines[i])), None)
+
+
 def host_wrapper():
     """The C++ wrapper class for the host driver: CPU's, for flagos."""
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -162,10 +167,7 @@ def host_wrapper():
     return FlagosHostCppWrapper
 
 
-_native_type = None  # "cpu" or "cuda", once registered
-
-
-def _build_as_native() -> None:
+def _build_as_native(native_type: str) -> None:
     # Inductor builds a graph's C++ with the options and precompiled header of
     # its device type; flagos code is the native device's code (plus
     # flagos_aoti.h, which the wrapper includes by path).
@@ -179,40 +181,36 @@ def _build_as_native() -> None:
         if not callable(getattr(module, name, None)):
             raise RuntimeError(f"this torch has no {module.__name__}.{name}")
 
-    def native(device_type):
-        if isinstance(device_type, str) and device_type.split(":", 1)[0] == "flagos":
-            return _native_type
-        return device_type
+    def is_flagos(device_type) -> bool:
+        return isinstance(device_type, str) and device_type.split(":", 1)[0] == "flagos"
 
-    device_options = cpp_builder.get_cpp_torch_device_options
+    def as_native(original):
+        def wrapper(device, *args, **kwargs):
+            return original(native_type if is_flagos(device) else device, *args, **kwargs)
+
+        return wrapper
+
     library_dir = os.path.dirname(LIBRARY_PATH)
 
-    def get_cpp_torch_device_options(device_type, *args, **kwargs):
-        options = device_options(native(device_type), *args, **kwargs)
-        if native(device_type) == device_type:
-            return options
-        # flagos code links the shims' library, found again at load by its
-        # rpath. Link options only: Inductor drops them from steps that do
-        # not link (compile only, precompiled headers).
-        (definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough) = options
-        ldflags = [*ldflags, f"Wl,-rpath,{library_dir}"]  # Inductor adds the leading "-"
-        library_dirs = [*library_dirs, library_dir]
-        libraries = [*libraries, "torch_fl_aoti"]
-        return definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough
+    def linking_the_shims(original):
+        def get_cpp_torch_device_options(device_type, *args, **kwargs):
+            if not is_flagos(device_type):
+                return original(device_type, *args, **kwargs)
+            # flagos code links the shims' library, found again at load by its
+            # rpath. Link options only: Inductor drops them from steps that do
+            # not link (compile only, precompiled headers).
+            (definitions, include_dirs, cflags, ldflags, library_dirs, libraries,
+             passthrough) = original(native_type, *args, **kwargs)
+            ldflags = [*ldflags, f"Wl,-rpath,{library_dir}"]  # Inductor adds the leading "-"
+            library_dirs = [*library_dirs, library_dir]
+            libraries = [*libraries, "torch_fl_aoti"]
+            return definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough
 
-    wrapper_header = codecache._get_cpp_wrapper_header
+        return get_cpp_torch_device_options
 
-    def _get_cpp_wrapper_header(device, *args, **kwargs):
-        return wrapper_header(native(device), *args, **kwargs)
-
-    prefix_header = codecache._get_cpp_prefix_header
-
-    def _get_cpp_prefix_header(device, *args, **kwargs):
-        return prefix_header(native(device), *args, **kwargs)
-
-    cpp_builder.get_cpp_torch_device_options = get_cpp_torch_device_options
-    codecache._get_cpp_wrapper_header = _get_cpp_wrapper_header
-    codecache._get_cpp_prefix_header = _get_cpp_prefix_header
+    wrap_once(cpp_builder, "get_cpp_torch_device_options", linking_the_shims)
+    wrap_once(codecache, "_get_cpp_wrapper_header", as_native)
+    wrap_once(codecache, "_get_cpp_prefix_header", as_native)
 
 
 def cuda_wrapper():
@@ -225,19 +223,18 @@ def cuda_wrapper():
     return FlagosCudaCppWrapper
 
 
-def register(native_type: str) -> None:
+def register() -> None:
     """Loads the shims and teaches Inductor's C++ build the flagos device (once)."""
-    global _native_type
-    global _unavailable
+    global _registered, _unavailable
     with _lock:
-        if _native_type is not None:
+        if _registered:
             return
-        _native_type = native_type
+        _registered = True
         # A failure here must not take the Python wrapper (torch.compile's
         # default) down with it: it is reported when the C++ wrapper is used.
         try:
             load_library()
             _register_device_names()
-            _build_as_native()
+            _build_as_native("cuda" if _on_cuda() else "cpu")
         except Exception as error:  # noqa: BLE001  (any cause, reported later)
             _unavailable = f"{type(error).__name__}: {error}"

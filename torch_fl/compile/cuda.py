@@ -82,7 +82,7 @@ WrapperFxCodegen = None
 
 
 def register() -> None:
-    cpp_wrapper.register("cuda")
+    cpp_wrapper.register()
     # CUDA's device switching and raw stream: flagos device N and its current
     # stream are CUDA device N's on this driver.
     register_device_op_overrides("flagos", CUDADeviceOpOverrides())

@@ -72,7 +72,7 @@ WrapperFxCodegen = None
 
 
 def register() -> None:
-    cpp_wrapper.register("cpu")
+    cpp_wrapper.register()
     register_device_op_overrides("flagos", HostDeviceOpOverrides())
     _compat.register_backend(
         "flagos", Scheduling, PythonWrapperCodegen, CppWrapperCodegen, WrapperFxCodegen,
