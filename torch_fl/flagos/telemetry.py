@@ -12,49 +12,29 @@ import torch
 from ._device import _index_or_current, _on_cuda
 
 
-def _cuda_index(name: str, device) -> int:
-    index = _index_or_current(device)  # validates the device argument on both drivers
-    if not _on_cuda():
-        raise RuntimeError(
-            f"torch.flagos.{name} needs the cuda driver (it reads NVML); this process runs the flagos "
-            "'host' driver, whose devices are host memory and the CPU")
-    return index
+def _query(name: str, doc: str):
+    """torch.flagos.<name>(device=None): torch.cuda.<name> for the same GPU."""
+
+    def query(device=None):
+        index = _index_or_current(device)  # validates the device argument on both drivers
+        if not _on_cuda():
+            raise RuntimeError(
+                f"torch.flagos.{name} needs the cuda driver (it reads NVML); this process runs the flagos "
+                "'host' driver, whose devices are host memory and the CPU")
+        return getattr(torch.cuda, name)(index)
+
+    query.__name__ = query.__qualname__ = name
+    query.__doc__ = doc
+    return query
 
 
-def utilization(device=None) -> int:
-    """Percent of the last sample period the GPU was busy (torch.cuda.utilization)."""
-    return torch.cuda.utilization(_cuda_index("utilization", device))
-
-
-def memory_usage(device=None) -> int:
-    """Percent of the last sample period GPU memory was read or written (torch.cuda.memory_usage)."""
-    return torch.cuda.memory_usage(_cuda_index("memory_usage", device))
-
-
-def device_memory_used(device=None) -> int:
-    """Bytes of GPU memory in use by every process, as NVML counts them."""
-    return torch.cuda.device_memory_used(_cuda_index("device_memory_used", device))
-
-
-def temperature(device=None) -> int:
-    """The GPU's temperature in degrees Celsius (torch.cuda.temperature)."""
-    return torch.cuda.temperature(_cuda_index("temperature", device))
-
-
-def power_draw(device=None) -> int:
-    """The GPU's power draw in milliwatts (torch.cuda.power_draw)."""
-    return torch.cuda.power_draw(_cuda_index("power_draw", device))
-
-
-def clock_rate(device=None) -> int:
-    """The GPU's SM clock in MHz (torch.cuda.clock_rate)."""
-    return torch.cuda.clock_rate(_cuda_index("clock_rate", device))
-
-
-def list_gpu_processes(device=None) -> str:
-    """A readable list of the processes on the GPU and their memory (torch.cuda.list_gpu_processes)."""
-    return torch.cuda.list_gpu_processes(_cuda_index("list_gpu_processes", device))
-
+utilization = _query("utilization", "Percent of the last sample period the GPU was busy.")
+memory_usage = _query("memory_usage", "Percent of the last sample period GPU memory was read or written.")
+device_memory_used = _query("device_memory_used", "Bytes of GPU memory in use by every process, as NVML counts them.")
+temperature = _query("temperature", "The GPU's temperature in degrees Celsius.")
+power_draw = _query("power_draw", "The GPU's power draw in milliwatts.")
+clock_rate = _query("clock_rate", "The GPU's SM clock in MHz.")
+list_gpu_processes = _query("list_gpu_processes", "A readable list of the processes on the GPU and their memory.")
 
 __all__ = ["clock_rate", "device_memory_used", "list_gpu_processes", "memory_usage", "power_draw",
            "temperature", "utilization"]
