@@ -161,22 +161,36 @@ class _WeakStorages:
         self._refs = {}
         self._lock = threading.Lock()
 
-    def get_or_make(self, key, make=None, still_valid=lambda storage: True):
-        """The live storage under `key` if `still_valid`, else `make()`'s, kept (None without `make`)."""
+    def get(self, key, still_valid=lambda storage: True):
+        """The live storage under `key` if `still_valid`, else None."""
         with self._lock:
-            ref = self._refs.get(key)
-            if ref is not None and not ref.expired():
-                storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-                if still_valid(storage):
-                    return storage
-            if make is None:
-                return None
-            storage = make()
-            self._refs[key] = _torch_reductions.StorageWeakRef(storage)
-            if len(self._refs) > 256:
-                for k in [k for k, r in self._refs.items() if r.expired()]:
-                    del self._refs[k]
+            return self._live(key, still_valid)
+
+    def put(self, key, storage) -> None:
+        with self._lock:
+            self._keep(key, storage)
+
+    def get_or_make(self, key, make, still_valid):
+        """The live storage under `key` if `still_valid`, else `make()`'s, kept (one lock: one maker)."""
+        with self._lock:
+            storage = self._live(key, still_valid)
+            if storage is None:
+                storage = make()
+                self._keep(key, storage)
             return storage
+
+    def _live(self, key, still_valid):
+        ref = self._refs.get(key)
+        if ref is None or ref.expired():
+            return None
+        storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        return storage if still_valid(storage) else None
+
+    def _keep(self, key, storage) -> None:
+        self._refs[key] = _torch_reductions.StorageWeakRef(storage)
+        if len(self._refs) > 256:
+            for k in [k for k, r in self._refs.items() if r.expired()]:
+                del self._refs[k]
 
 
 # The receiver's flagos storages by the native storage they use: two tensors over one
@@ -205,15 +219,14 @@ _sent = _WeakStorages()
 
 
 def _remember_sent(storage) -> int:
-    # A live entry under the token is this storage: its address is not reused while it lives.
     token = storage._cdata
-    _sent.get_or_make(token, lambda: storage)
+    _sent.put(token, storage)
     return token
 
 
 def _cuda_bytes(sent, pid, token):
     if pid == os.getpid():
-        storage = _sent.get_or_make(token)
+        storage = _sent.get(token)
         if storage is not None:
             return storage
     rebuild, args = sent
