@@ -8,25 +8,21 @@
 #include <utility>
 
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 
 #include "inductor/flagos_aoti.h"
 #include "runtime/cuda_bridge.h"
+#include "runtime/device.h"
 
 namespace torch_fl::aoti {
 namespace {
 
 c10::Device flagos_device(const std::string& device_str) {
-  c10::Device device(device_str);
-  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1,
-              "the flagos AOTInductor runner was asked for device '", device_str,
-              "'; it runs packages compiled for flagos only");
-  if (!device.has_index()) {
-    device.set_index(c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index());
-  }
-  return device;
+  const c10::Device device(device_str);
+  TORCH_CHECK(device.type() == runtime::kFlagos, "the flagos AOTInductor runner was asked for device '",
+              device_str, "'; it runs packages compiled for flagos only");
+  return c10::Device(runtime::kFlagos, runtime::resolve_device(device.index()));  // no index: the current one
 }
 
 // The container's calls that make weight tensors (at::from_blob, which places
@@ -53,7 +49,7 @@ std::map<std::pair<ContainerHandle, int>, GuardedEntry>& guarded_entries() {
 
 template <int Slot, typename... Args>
 AOTIRuntimeError guarded_entry(ContainerHandle container, Args... args) {
-  GuardedEntry entry{c10::Device(c10::DeviceType::PrivateUse1), nullptr};
+  GuardedEntry entry{c10::Device(runtime::kFlagos), nullptr};
   {
     std::lock_guard<std::mutex> lock(guarded_mutex());
     entry = guarded_entries().at({container, Slot});
@@ -149,6 +145,6 @@ const torch::inductor::RegisterAOTIModelRunner register_runner("flagos", &create
 
 extern "C" AOTITorchError aoti_torch_flagos_current_device(int32_t* device_index) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    *device_index = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+    *device_index = torch_fl::runtime::current_device();
   });
 }
