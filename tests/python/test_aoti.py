@@ -200,6 +200,28 @@ def test_aoti_package_for_the_second_device(tmp_path):
         _assert_matches(compiled(x, k), net(x, k))
 
 
+def test_aoti_package_runs_when_the_compiler_links_its_cxx_runtime_statically(tmp_path):
+    # As the GCC under /opt/gcc on the GPU machines: it has libstdc++ as a
+    # static archive only. A library linked so carries a private copy of the
+    # standard library that mixes with the process's, and AOTInductor's model
+    # constructor fails in std::regex (native CPU and CUDA packages do).
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = tmp_path / "static-cxx"
+    compiler.write_text('#!/bin/sh\ncase " $* " in *" -shared "*) exec %s "$@" -static-libstdc++ ;; esac\n'
+                        'exec %s "$@"\n' % (get_cpp_compiler(), get_cpp_compiler()))
+    compiler.chmod(0o755)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.GELU()).to("flagos").eval()
+    x = randn(3, 8, seed=17)
+    with inductor_config.patch({"cpp.cxx": (str(compiler),), "force_disable_caches": True}):
+        path = torch._inductor.aoti_compile_and_package(
+            torch.export.export(net, (x,)), package_path=str(tmp_path / "static.pt2"))
+    compiled = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        _assert_matches([compiled(x)], [net(x)])
+
+
 def test_cpp_wrapper_failure_is_reported_by_name(monkeypatch):
     from torch_fl.compile import cpp_wrapper
 

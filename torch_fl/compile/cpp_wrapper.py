@@ -191,6 +191,7 @@ def _build_as_native(native_type: str) -> None:
         return wrapper
 
     library_dir = os.path.dirname(LIBRARY_PATH)
+    runtime = _cxx_runtime()
 
     def linking_the_shims(original):
         def get_cpp_torch_device_options(device_type, *args, **kwargs):
@@ -202,6 +203,8 @@ def _build_as_native(native_type: str) -> None:
             (definitions, include_dirs, cflags, ldflags, library_dirs, libraries,
              passthrough) = original(native_type, *args, **kwargs)
             ldflags = [*ldflags, f"Wl,-rpath,{library_dir}"]  # Inductor adds the leading "-"
+            if runtime is not None:
+                ldflags.append(f"Wl,{runtime}")
             library_dirs = [*library_dirs, library_dir]
             libraries = [*libraries, "torch_fl_aoti"]
             return definitions, include_dirs, cflags, ldflags, library_dirs, libraries, passthrough
@@ -211,6 +214,25 @@ def _build_as_native(native_type: str) -> None:
     wrap_once(cpp_builder, "get_cpp_torch_device_options", linking_the_shims)
     wrap_once(codecache, "_get_cpp_wrapper_header", as_native)
     wrap_once(codecache, "_get_cpp_prefix_header", as_native)
+
+
+def _cxx_runtime():
+    """The C++ standard library this process runs on (its path), or None if not found.
+
+    Code Inductor compiles for flagos links it by path, ahead of the
+    compiler's own. A compiler whose libstdc++ is a static archive only (the
+    GCC under /opt/gcc on the GPU machines) otherwise gives the library a
+    private, exported copy of the standard library, which mixes with the
+    process's: AOTInductor's model constructor then crashes in std::regex
+    (native CUDA packages built by that compiler crash the same way,
+    docs/compile.md).
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libstdc++.so" in line}
+    except OSError:
+        return None
+    return paths.pop() if len(paths) == 1 else None
 
 
 def cuda_wrapper():
