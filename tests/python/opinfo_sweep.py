@@ -47,6 +47,17 @@ every run) is
    tolerances); and the sample's tensor arguments afterwards (in-place and
    out= writes must reach the flagos tensors the caller holds).
 
+Variants
+--------
+By default each op is called as OpInfo's function. ``--variants`` (or
+``FLAGOS_SWEEP_VARIANTS``, which the workers inherit) also sweeps its in-place
+form (``inplace``: ``op.inplace_variant``, named ``<op>_``) and its ``out=``
+form (``out``: the function's results tell the dtypes, then the op runs again
+into zero-size tensors of those dtypes, which it must resize; named
+``<op>(out=)``; ops whose OpInfo says ``supports_out``). A sample the
+reference refuses in that form (an in-place op whose result would broadcast
+or promote beyond ``self``) is a "cpu-skip" / "cuda-skip".
+
 Ops whose output is uninitialised memory (``empty*``: OpInfo's
 ``has_nondeterministic_output``) are compared on shape, dtype and device only
 ("meta-only"). With ``--ref cuda``, a sample whose flagos result differs is
@@ -150,6 +161,9 @@ _NONDETERMINISTIC_OUTPUT = {
     "torch.ops.aten._flash_attention_forward",
 }
 
+# How an op is called (module docstring, "Variants"): its name suffix by variant.
+VARIANTS = {"function": "", "inplace": "_", "out": "(out=)"}
+
 _PREFIX = "@@opinfo "
 # A child's exit status meaning: the CUDA context is unusable after a sample
 # that has been reported; go on in a new child at the sample that progress
@@ -192,6 +206,7 @@ class Result:
     ops_run: int = 0
     na_ops: list = dataclasses.field(default_factory=list)
     no_float32_ops: list = dataclasses.field(default_factory=list)
+    no_variant_ops: list = dataclasses.field(default_factory=list)  # no in-place / out= form
     sample_gen_errors: list = dataclasses.field(default_factory=list)
     capped_ops: list = dataclasses.field(default_factory=list)
     failures: list = dataclasses.field(default_factory=list)
@@ -226,13 +241,14 @@ class Result:
         head = "OpInfo sweep" if self.ref == "cpu" else f"OpInfo sweep (flagos vs {self.ref})"
         nondet = (f" ({len(self.nondeterministic)} nondeterministic on {self.ref})"
                   if self.ref != "cpu" else "")
+        forms = f"{len(self.no_variant_ops)} ops without the form, " if self.no_variant_ops else ""
         return (
             f"{head}: {self.passed} passed / {self.compared} compared "
             f"({pct:.2f}%), {len(self.failures)} failed in "
             f"{len(self.failed_ops)} ops, {self.cpu_skip} {self.ref}-skip, "
             f"{self.meta_only} meta-only{nondet}, {self.not_applicable} not-applicable "
             f"samples; {self.ops_run} ops run, {len(self.na_ops)} ops not "
-            f"applicable, {len(self.no_float32_ops)} ops without the dtype, "
+            f"applicable, {len(self.no_float32_ops)} ops without the dtype, {forms}"
             f"{capped}{len(self.sample_gen_errors)} sample-generation errors, "
             f"{self.crashes} crashes/timeouts; {self.seconds:.0f}s"
         )
@@ -387,7 +403,8 @@ class Result:
             if rec.get("gen_error"):
                 self.sample_gen_errors.append((rec["op"], rec["gen_error"]))
         elif kind == "skip-op":
-            (self.na_ops if rec["why"] == "na" else self.no_float32_ops).append(rec["op"])
+            by_why = {"na": self.na_ops, "no-variant": self.no_variant_ops}
+            by_why.get(rec["why"], self.no_float32_ops).append(rec["op"])
 
 
 # --------------------------------------------------------------------------
@@ -473,6 +490,54 @@ def _label(name: str, dtype: str, dtypes: tuple) -> str:
     """How results name an op: its OpInfo name, with the dtype when several
     dtypes are swept (``mul[bfloat16]``)."""
     return name if dtypes == ("float32",) else f"{name}[{dtype}]"
+
+
+def _variants_from_env() -> tuple:
+    names = tuple(v.strip() for v in os.environ.get("FLAGOS_SWEEP_VARIANTS", "function").split(",")
+                  if v.strip())
+    bad = [v for v in names if v not in VARIANTS]
+    if bad or not names:
+        raise ValueError(f"variants {bad or '(none)'}: choose from {', '.join(VARIANTS)}")
+    return names
+
+
+class _Variant:
+    """An OpInfo called in its in-place or out= form: the sweep's machinery
+    reads the OpInfo's attributes through it and calls it as the op. Variants
+    are compared forward only."""
+
+    supports_autograd = False
+
+    def __init__(self, op, kind: str):
+        self._op, self._kind = op, kind
+        self.full_name = op.full_name + VARIANTS[kind]
+        self.name = op.name + VARIANTS[kind]
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def __call__(self, inp, *args, **kwargs):
+        import torch
+
+        if self._kind == "inplace":
+            return self._op.inplace_variant(inp, *args, **kwargs)
+        res = self._op(inp, *args, **kwargs)
+        if isinstance(res, torch.Tensor):
+            out = torch.empty(0, dtype=res.dtype, device=res.device)
+        elif isinstance(res, tuple) and res and all(isinstance(r, torch.Tensor) for r in res):
+            out = tuple(torch.empty(0, dtype=r.dtype, device=r.device) for r in res)
+        else:
+            raise TypeError(f"{self._op.name} returns {type(res).__name__}: no out= form to sweep")
+        return self._op(inp, *args, **kwargs, out=out)
+
+    @staticmethod
+    def of(op, kind: str):
+        """The op in form ``kind``, or None when OpInfo says it has none."""
+        if kind == "function":
+            return op
+        if kind == "inplace":
+            return _Variant(op, kind) if op.inplace_variant is not None else None
+        return _Variant(op, kind) if op.supports_out else None
 
 
 def _load_runner(stride: int, offset: int, only: set | None,
@@ -952,9 +1017,36 @@ def _load_runner(stride: int, offset: int, only: set | None,
         except Exception:  # noqa: BLE001  (no float64 run: the mismatch stands)
             return False
 
+    def dispatched(fn) -> set:
+        """The aten operators (``name.overload``) that ``fn()`` dispatches, up
+        to where it raises."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = set()
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                overload = func._overloadname
+                seen.add(func._schema.name.removeprefix("aten::")
+                         + ("" if overload == "default" else "." + overload))
+                return func(*args, **(kwargs or {}))
+
+        with contextlib.suppress(Exception), Record():
+            fn()
+        return seen
+
+    def raised_in_flaggems(op, tmpl, factory) -> list:
+        """The FlagGems operators a sample that raised on flagos dispatched:
+        routing counts a FlagGems call when it returns, so one that raised is
+        not among the ``used`` ones."""
+        registered = set(torch_fl.flaggems.registered_ops())
+        return sorted(registered & dispatched(lambda: call(op, tmpl.build(DEVICE), DEVICE, factory)))
+
     def run_sample(op, s, meta_only, tol):
         """(status, error, extra record fields) of one sample."""
         status, error, extra = run_sample_once(op, s, meta_only, tol)
+        if attribute and status == "fail" and "tmpl" in extra and not extra.get("used"):
+            extra["used"] = raised_in_flaggems(op, extra["tmpl"], extra["factory"])
         if attribute and status == "fail" and extra.get("used") and "tmpl" in extra:
             extra.update(trace(op, s, extra["tmpl"], extra["expected"], extra["factory"],
                                extra.get("meta", meta_only), tol, extra["used"]))
@@ -1083,6 +1175,8 @@ def _load_runner(stride: int, offset: int, only: set | None,
               capped=capped, gen_error=gen_error)
 
     nd = len(dtypes)
+    variants = _variants_from_env()
+    nv = len(variants)
 
     # FLAGOS_SWEEP_PART=i/n: only the ops whose op_db index is i modulo n (a
     # sweep split over several runs).
@@ -1090,25 +1184,31 @@ def _load_runner(stride: int, offset: int, only: set | None,
     ipart, nparts = (int(x) for x in part.split("/")) if part else (0, 1)
 
     def run_ops(start_pair, start_sample, progress):
-        for k, op in enumerate(op_db):
-            if k % nparts != ipart or (k + 1) * nd <= start_pair or (k // nparts) % stride != offset:
+        for k, base in enumerate(op_db):
+            if (k % nparts != ipart or (k + 1) * nv * nd <= start_pair
+                    or (k // nparts) % stride != offset):
                 continue
-            if only is not None and op.full_name not in only and op.name not in only:
+            if only is not None and base.full_name not in only and base.name not in only:
                 continue
-            for d, dname in enumerate(dtypes):
-                pair = k * nd + d
-                if pair < start_pair:
-                    continue
-                name = _label(op.full_name, dname, dtypes)
-                progress.set(-1, pair, name)
-                dtype = getattr(torch, dname)
-                if dtype not in op.supported_dtypes(REF):
-                    _emit(kind="skip-op", op=name, why="no-dtype")
-                    continue
-                if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
-                    _emit(kind="skip-op", op=name, why="na")
-                    continue
-                run_op(pair, op, dtype, start_sample if pair == start_pair else 0, progress)
+            for v, variant in enumerate(variants):
+                op = _Variant.of(base, variant)
+                for d, dname in enumerate(dtypes):
+                    pair = (k * nv + v) * nd + d
+                    if pair < start_pair:
+                        continue
+                    name = _label(base.full_name + VARIANTS[variant], dname, dtypes)
+                    progress.set(-1, pair, name)
+                    if op is None:
+                        _emit(kind="skip-op", op=name, why="no-variant")
+                        continue
+                    dtype = getattr(torch, dname)
+                    if dtype not in base.supported_dtypes(REF):
+                        _emit(kind="skip-op", op=name, why="no-dtype")
+                        continue
+                    if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
+                        _emit(kind="skip-op", op=name, why="na")
+                        continue
+                    run_op(pair, op, dtype, start_sample if pair == start_pair else 0, progress)
 
     return run_ops
 
@@ -1292,7 +1392,7 @@ def default_workers(ref: str) -> int:
 
 class _Worker:
     def __init__(self, start, stride, offset, only, max_samples, ref, isolation, verbose,
-                 dtypes, provider, seed):
+                 dtypes, provider, seed, variants):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                "--start", f"{start[0]}:{start[1]}",
                "--stride", str(stride), "--offset", str(offset),
@@ -1304,7 +1404,7 @@ class _Worker:
         self.stride, self.offset = stride, offset
         self.only, self.max_samples, self.verbose = only, max_samples, verbose
         self.proc = subprocess.Popen(
-            cmd, env=_worker_env(provider), stdout=subprocess.PIPE,
+            cmd, env=dict(_worker_env(provider), FLAGOS_SWEEP_VARIANTS=",".join(variants)), stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL if not verbose else None, text=True,
             bufsize=1)
         self.done = False
@@ -1316,13 +1416,15 @@ _DEFAULT = "default"
 def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
               workers: int | None = None, verbose: bool = False, ref: str = "cpu",
               isolation: str | None = None, dtypes: tuple = ("float32",),
-              provider: str = "native", seed: int = 0) -> Result:
+              provider: str = "native", seed: int = 0,
+              variants: tuple = ("function",)) -> Result:
     """Runs the sweep against ``ref`` (``cpu`` or ``cuda``) in worker
     processes and returns the aggregated result. ``max_samples``: a per-op cap,
     None for none; by default :func:`default_max_samples`. ``dtypes``: names
     from DTYPES. ``provider``: one of PROVIDERS (``flaggems`` needs the cuda
     reference). ``seed``: 0 for the fixed per-op samples, else mixed into
-    every op's seed (fresh inputs that the seed reproduces)."""
+    every op's seed (fresh inputs that the seed reproduces). ``variants``:
+    names from VARIANTS (module docstring, "Variants")."""
     import queue
     import threading
 
@@ -1336,6 +1438,10 @@ def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
     if provider == "flaggems" and ref != "cuda":
         raise ValueError("provider 'flaggems' compares FlagGems with native CUDA: use ref='cuda'")
+    variants = tuple(variants)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise ValueError(f"variants {bad or '(none)'}: choose from {', '.join(VARIANTS)}")
     if max_samples == _DEFAULT:
         max_samples = default_max_samples(ref)
     isolation = isolation or default_isolation(ref)
@@ -1356,7 +1462,7 @@ def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
     live = []
     for j in range(n):
         w = _Worker((0, 0), n, j, only, max_samples, ref, isolation, verbose, dtypes, provider,
-                    seed)
+                    seed, variants)
         threading.Thread(target=pump, args=(w,), daemon=True).start()
         live.append(w)
     # The workers' children time out samples; this is only a backstop.
@@ -1420,6 +1526,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0,
                    help="0 (default): each op's fixed samples; else fresh samples that "
                         "this seed reproduces")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated forms among {', '.join(VARIANTS)} (default: "
+                        "FLAGOS_SWEEP_VARIANTS, else function)")
     p.add_argument("--table", help="with --provider flaggems: write the per-operator "
                                    "pass table (markdown) here")
     p.add_argument("--max-samples", type=int, default=None,
@@ -1460,8 +1569,9 @@ def main(argv=None) -> int:
             return 2
     cap = _DEFAULT if a.max_samples is None else (a.max_samples or None)
     try:
+        variants = (a.variants or os.environ.get("FLAGOS_SWEEP_VARIANTS", "function")).split(",")
         res = run_sweep(only, cap, a.workers, a.verbose, a.ref, a.isolation, dtypes, a.provider,
-                        a.seed)
+                        a.seed, tuple(v.strip() for v in variants if v.strip()))
     except ValueError as e:
         p.error(str(e))
     print("\n".join(res.failure_lines()))
