@@ -107,6 +107,16 @@ EXCLUDED = {
     "sum.dim_IntList": "less accurate than CUDA in float16: -126.69 for -127.5 (__rpow__'s "
                        "backward), 13 ulps where CUDA's float32 accumulation is exact to rounding",
     "_functional_sym_constrain_range_for_size": "a tracing helper, not a kernel",
+    # Found by the sweep of the in-place and out= forms (2026-11-27).
+    "scatter.reduce": "raises AssertionError 'reduce scatter bfloat tensors' for bfloat16, "
+                      "where ATen's kernel takes every dtype",
+    "scatter_.reduce": "as scatter.reduce",
+    "div_.Tensor_mode": "as div.Tensor_mode: a Triton compilation error in bfloat16 and float16",
+    "div.Scalar_mode": "FlagGems' div_mode kernel, as div.Tensor_mode",
+    "div_.Scalar_mode": "FlagGems' div_mode kernel, as div.Tensor_mode",
+    "floor_divide_": "as floor_divide: a Triton compilation error in bfloat16 and float16",
+    "digamma_": "less accurate than CUDA in float32: 3.5e-6 relative, more than twice CUDA's "
+                "error against float64",
 }
 
 _registered = []

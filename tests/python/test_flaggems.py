@@ -162,24 +162,26 @@ def test_unused_excludes_ops_by_aten_name():
 
 
 @pytest.mark.slow
-def test_every_flaggems_operator_against_native_cuda(capsys):
+@pytest.mark.parametrize("variants", [("function",), ("inplace", "out")], ids="+".join)
+def test_every_flaggems_operator_against_native_cuda(capsys, variants):
     """Every OpInfo sample in float32, bfloat16 and float16 (up to SWEEP_SAMPLES
-    per op and dtype), forward and backward, run with FlagGems serving its
-    operators and compared with native CUDA; a failure is traced to the FlagGems
-    operator(s) that cause it. Fresh inputs each run: the seed is printed (set
-    FLAGOS_SWEEP_SEED to reproduce). With FLAGOS_REPORT_DIR set, the pass table
-    is written there (docs/flaggems.md holds the last one)."""
+    per op and dtype), run with FlagGems serving its operators and compared with
+    native CUDA; a failure is traced to the FlagGems operator(s) that cause it.
+    The function form forward and backward; the in-place and out= forms
+    forward. Fresh inputs each run: the seed is printed (set FLAGOS_SWEEP_SEED
+    to reproduce). With FLAGOS_REPORT_DIR set, the pass table is written there
+    (docs/flaggems.md holds the last one)."""
     import opinfo_sweep
 
     seed = int(os.environ.get("FLAGOS_SWEEP_SEED") or random.SystemRandom().randrange(1, 1 << 31))
     res = opinfo_sweep.run_sweep(ref="cuda", provider="flaggems", dtypes=opinfo_sweep.DTYPES,
-                                 max_samples=SWEEP_SAMPLES, seed=seed)
+                                 max_samples=SWEEP_SAMPLES, seed=seed, variants=variants)
     registered = torch_fl.flaggems.registered_ops()
     table = res.gems_table(registered, opinfo_sweep.DTYPES)
     lines = [f"seed {seed}", res.summary(), *res.gems_report(registered, per_op=2)]
     report = os.environ.get("FLAGOS_REPORT_DIR")
     if report:
-        with open(os.path.join(report, "flaggems_opinfo.md"), "w") as f:
+        with open(os.path.join(report, f"flaggems_opinfo_{'_'.join(variants)}.md"), "w") as f:
             f.write("\n".join(lines) + f"\n\n{table}\n")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
