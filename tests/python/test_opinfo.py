@@ -3,14 +3,14 @@
 Every float32 sample of every applicable OpInfo in ``op_db`` runs on the
 reference device and on flagos, and the results must agree (see
 opinfo_sweep.py for exactly what is compared, and docs/opinfo.md for the
-numbers and the run commands). The tests:
+numbers and the run commands). Two tests:
 
 - ``test_opinfo_sweep``: host driver, against the CPU (the same kernels and
   the same RNG, so to float32 rounding);
-- ``test_opinfo_sweep_in_place_and_out_forms`` (and ``..._against_cuda``):
-  the same, through each op's in-place and out= forms;
 - ``test_opinfo_sweep_against_cuda``: cuda driver, against native CUDA (the
   same kernels and the same generator; OpInfo's cuda tolerance hints allowed).
+
+Each runs twice: ops called as functions, then in their in-place and out= forms.
 
 Each fails when
 - fewer than ``MIN_PASS_RATE`` of the compared samples pass;
@@ -88,27 +88,27 @@ def _check(res, known: dict) -> None:
     assert not problems, "\n".join(problems) + "\n" + res.summary()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(torch_fl.driver() != "host",
-                    reason="the sweep compares with CPU results bit for bit "
-                    "(same kernels, same RNG): host driver only")
-def test_opinfo_sweep(capsys):
-    res = opinfo_sweep.run_sweep(ref="cpu")
-    with capsys.disabled():
-        _check(res, KNOWN_FAILURES)
+# Each sweep runs each op as a function, then through its in-place form and
+# its out= form into zero-size tensors it must resize (writes must reach the
+# caller's flagos tensors). The known failures are the function form's: the
+# other forms have none (2026-11-27: 7,639 of 7,639 on the host, 7,466 of
+# 7,466 against CUDA).
+FORMS = pytest.mark.parametrize("variants", [("function",), ("inplace", "out")], ids="+".join)
+
+
+def _known(variants, known: dict) -> dict:
+    return known if variants == ("function",) else {}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch_fl.driver() != "host",
                     reason="the sweep compares with CPU results bit for bit "
                     "(same kernels, same RNG): host driver only")
-def test_opinfo_sweep_in_place_and_out_forms(capsys):
-    # The same samples through each op's in-place form and its out= form into
-    # zero-size tensors it must resize: writes must reach the caller's flagos
-    # tensors. No known failures (2026-11-27: 7,639 of 7,639).
-    res = opinfo_sweep.run_sweep(ref="cpu", variants=("inplace", "out"))
+@FORMS
+def test_opinfo_sweep(capsys, variants):
+    res = opinfo_sweep.run_sweep(ref="cpu", variants=variants)
     with capsys.disabled():
-        _check(res, {})
+        _check(res, _known(variants, KNOWN_FAILURES))
 
 
 def _on_cuda_driver() -> bool:
@@ -120,21 +120,11 @@ def _on_cuda_driver() -> bool:
 @pytest.mark.skipif(not _on_cuda_driver(),
                     reason="compares flagos with native CUDA: needs a GPU and the "
                     "cuda driver")
-def test_opinfo_sweep_against_cuda(capsys):
-    res = opinfo_sweep.run_sweep(ref="cuda")
+@FORMS
+def test_opinfo_sweep_against_cuda(capsys, variants):
+    res = opinfo_sweep.run_sweep(ref="cuda", variants=variants)
     with capsys.disabled():
-        _check(res, KNOWN_CUDA_FAILURES)
-
-
-@pytest.mark.cuda
-@pytest.mark.slow
-@pytest.mark.skipif(not _on_cuda_driver(),
-                    reason="compares flagos with native CUDA: needs a GPU and the "
-                    "cuda driver")
-def test_opinfo_sweep_in_place_and_out_forms_against_cuda(capsys):
-    res = opinfo_sweep.run_sweep(ref="cuda", variants=("inplace", "out"))
-    with capsys.disabled():
-        _check(res, {})
+        _check(res, _known(variants, KNOWN_CUDA_FAILURES))
 
 
 def test_flaggems_attribution_charges_only_the_culprits():
