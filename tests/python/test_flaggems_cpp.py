@@ -454,6 +454,17 @@ def test_argmax_over_few_long_rows_runs_natively():
 
 
 @_first_shard
+def test_neg_of_a_bool_tensor_raises_atens_error():
+    # FlagGems' neg kernel computes a bool input; ATen refuses it, on CUDA too.
+    # The planner sends it to the native kernel, which raises.
+    mask = torch.rand(7, generator=torch.Generator().manual_seed(SEED)) > 0.5
+    for fn in (torch.neg, torch.Tensor.neg_):
+        for device in ("cuda", DEV):
+            with pytest.raises(RuntimeError, match="Negation, the `-` operator, on a bool tensor"):
+                fn(mask.to(device))
+
+
+@_first_shard
 def test_index_select_that_copies_its_input_runs_natively():
     # FlagGems' index_select makes the selected dim innermost by copying the whole
     # input; where that is not free (an embedding table, row-major), CUDA serves it.

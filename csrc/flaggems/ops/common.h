@@ -123,6 +123,9 @@ struct PointwiseOp {
   bool inplace = false;    // out0 = self (aten argument 0)
   bool where = false;      // where.self: out = torch.empty(broadcast shape), then out0=out
   bool masked = false;     // masked_fill_: aten argument 1 is the mask (bool only)
+  // neg: ATen refuses a bool input, FlagGems' kernel computes one; the native
+  // kernel serves such a call, and raises ATen's error.
+  bool refuses_bool = false;
 };
 
 // A reduction of a whole tensor to a 0-d result in two kernels (all, max): per-

@@ -135,6 +135,7 @@ Outcome plan_pointwise(const OpDesc& op, Call& call, CallPlan& plan) {
     if (!t || elem_type(t->scalar_type()) == abi::TType::kInvalid) return Outcome::kDecline;
     ins[nin++] = t;
   }
+  if (pw.refuses_bool && nin > 0 && ins[0]->scalar_type() == c10::kBool) return Outcome::kNative;
   // masked_fill_: ATen wants a bool mask, and FlagGems' wrapper special-cases a
   // 0-d self. (A mask that does not broadcast to self is declined below, as
   // for every in-place op: the task shape must be self's.)
