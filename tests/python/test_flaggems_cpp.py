@@ -454,14 +454,22 @@ def test_argmax_over_few_long_rows_runs_natively():
 
 
 @_first_shard
-def test_neg_of_a_bool_tensor_raises_atens_error():
-    # FlagGems' neg kernel computes a bool input; ATen refuses it, on CUDA too.
-    # The planner sends it to the native kernel, which raises.
-    mask = torch.rand(7, generator=torch.Generator().manual_seed(SEED)) > 0.5
-    for fn in (torch.neg, torch.Tensor.neg_):
+def test_arguments_aten_refuses_raise_atens_error():
+    # FlagGems' neg computes a bool input and its mean an integer result; ATen
+    # refuses both, on CUDA too. The planner sends them to the native kernel,
+    # which raises.
+    g = torch.Generator().manual_seed(SEED)
+    mask = torch.rand(7, generator=g) > 0.5
+    ints = torch.randint(-9, 9, (4, 6), generator=g)
+    floats = torch.randn(4, 6, generator=g)
+    cases = [(torch.neg, mask, "Negation, the `-` operator, on a bool tensor"),
+             (torch.Tensor.neg_, mask, "Negation, the `-` operator, on a bool tensor"),
+             (lambda x: x.mean(-1), ints, r"mean\(\): could not infer output dtype"),
+             (lambda x: x.mean(-1, dtype=torch.long), floats, "Optional dtype must be")]
+    for fn, x, message in cases:
         for device in ("cuda", DEV):
-            with pytest.raises(RuntimeError, match="Negation, the `-` operator, on a bool tensor"):
-                fn(mask.to(device))
+            with pytest.raises(RuntimeError, match=message):
+                fn(x.to(device))
 
 
 @_first_shard

@@ -177,7 +177,17 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   const Reduce which = *static_cast<const Reduce*>(op.family);
   const bool is_mean = which == Reduce::kMean;
   const at::Tensor* self = call.tensor(0);
-  if (!self || !is_float(self->scalar_type())) return Outcome::kDecline;
+  if (!self) return Outcome::kDecline;
+  if (is_mean) {
+    // ATen refuses a mean whose result dtype (self's, or the dtype argument)
+    // is not floating or complex; FlagGems' wrapper computes one. The native
+    // kernel serves such a call, and raises.
+    const c10::IValue& dtype = call.arg(3);
+    const c10::ScalarType result =
+        dtype.isInt() ? static_cast<c10::ScalarType>(dtype.toInt()) : self->scalar_type();
+    if (!c10::isFloatingType(result) && !c10::isComplexType(result)) return Outcome::kNative;
+  }
+  if (!is_float(self->scalar_type())) return Outcome::kDecline;
   int64_t dim = 0;
   const c10::IValue& dims = call.arg(1);
   if (is_mean) {
