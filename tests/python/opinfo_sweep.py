@@ -56,7 +56,12 @@ form (``out``: the function's results tell the dtypes, then the op runs again
 into zero-size tensors of those dtypes, which it must resize; named
 ``<op>(out=)``; ops whose OpInfo says ``supports_out``). A sample the
 reference refuses in that form (an in-place op whose result would broadcast
-or promote beyond ``self``) is a "cpu-skip" / "cuda-skip".
+or promote beyond ``self``) is a "cpu-skip" / "cuda-skip". ``errors`` runs
+OpInfo's error inputs (``op.error_inputs``, made on flagos; named
+``<op>(errors)``, in the first dtype only): each must raise the error type
+OpInfo names, with a message its pattern matches, as PyTorch's own
+``test_errors`` asks of every device. One the reference does not raise so
+(the same error input made on the reference device) is a "cpu-skip".
 
 Ops whose output is uninitialised memory (``empty*``: OpInfo's
 ``has_nondeterministic_output``) are compared on shape, dtype and device only
@@ -93,6 +98,7 @@ import json
 import math
 import mmap
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -162,7 +168,7 @@ _NONDETERMINISTIC_OUTPUT = {
 }
 
 # How an op is called (module docstring, "Variants"): its name suffix by variant.
-VARIANTS = {"function": "", "inplace": "_", "out": "(out=)"}
+VARIANTS = {"function": "", "inplace": "_", "out": "(out=)", "errors": "(errors)"}
 
 _PREFIX = "@@opinfo "
 # A child's exit status meaning: the CUDA context is unusable after a sample
@@ -509,7 +515,7 @@ class _Variant:
     supports_autograd = False
 
     def __init__(self, op, kind: str):
-        self._op, self._kind = op, kind
+        self._op, self.kind = op, kind
         self.full_name = op.full_name + VARIANTS[kind]
         self.name = op.name + VARIANTS[kind]
 
@@ -519,8 +525,10 @@ class _Variant:
     def __call__(self, inp, *args, **kwargs):
         import torch
 
-        if self._kind == "inplace":
+        if self.kind == "inplace":
             return self._op.inplace_variant(inp, *args, **kwargs)
+        if self.kind == "errors":
+            return self._op(inp, *args, **kwargs)
         res = self._op(inp, *args, **kwargs)
         if isinstance(res, torch.Tensor):
             out = torch.empty(0, dtype=res.dtype, device=res.device)
@@ -537,6 +545,8 @@ class _Variant:
             return op
         if kind == "inplace":
             return _Variant(op, kind) if op.inplace_variant is not None else None
+        if kind == "errors":
+            return _Variant(op, kind) if op.error_inputs_func is not None else None
         return _Variant(op, kind) if op.supports_out else None
 
 
@@ -1127,6 +1137,47 @@ def _load_runner(stride: int, offset: int, only: set | None,
             return error_text(e)
         return None
 
+    def raises_as(fn, ei) -> str | None:
+        """None when ``fn()`` raises error input ``ei``'s error type with a
+        message its pattern matches, else what happened instead."""
+        try:
+            fn()
+            if on_cuda:
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, ei.error_type) and re.search(ei.error_regex, str(e)):
+                return None
+            return "raised " + error_text(e)
+        return "raised nothing"
+
+    def run_error_sample(op, ei, ref):
+        """(status, error, extra) of error input ``ei`` (made on flagos);
+        ``ref``: the same error input made on the reference device, or None."""
+        s = ei.sample_input
+        if has_special((s.input, s.args, s.kwargs)):
+            return "na", None, {}
+        if ref is not None:
+            r = ref.sample_input
+            if raises_as(lambda: call(op, (r.input, r.args, r.kwargs), REF, False), ref) is not None:
+                return "cpu-skip", None, {}
+        got = raises_as(lambda: call(op, (s.input, s.args, s.kwargs), DEVICE, False), ei)
+        if got is None:
+            return "pass", None, {}
+        return "fail", (f"{got}, where {ei.error_type.__name__} matching "
+                        f"/{ei.error_regex[:150]}/ was expected"), {}
+
+    def error_inputs(op, name) -> tuple:
+        """The error inputs of ``op`` made on flagos, and the same made on the
+        reference device (None where the two do not pair up)."""
+        torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
+        made = list(op.error_inputs(DEVICE))
+        try:
+            torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
+            refs = list(op.error_inputs(REF))
+        except Exception:  # noqa: BLE001
+            refs = []
+        return made, refs if len(refs) == len(made) else [None] * len(made)
+
     def run_op(k, op, dtype, first, progress):
         """Runs the samples of op in ``dtype`` from index ``first``."""
         t0 = time.perf_counter()
@@ -1137,8 +1188,13 @@ def _load_runner(stride: int, offset: int, only: set | None,
         torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
         gen_error, capped = None, False
         tol = tolerance(op, dtype)
+        errors = getattr(op, "kind", None) == "errors"
+        refs = []
         try:
-            gen = op.sample_inputs(REF, dtype, requires_grad=wants_grad(op, dtype))
+            if errors:
+                gen, refs = error_inputs(op, name)
+            else:
+                gen = op.sample_inputs(REF, dtype, requires_grad=wants_grad(op, dtype))
             if max_samples is None:
                 samples = list(gen)
             else:
@@ -1157,7 +1213,10 @@ def _load_runner(stride: int, offset: int, only: set | None,
             if i < first:
                 continue
             progress.set(i)
-            status, error, extra = run_sample(op, s, meta_only, tol)
+            if errors:
+                status, error, extra = run_error_sample(op, s, refs[i])
+            else:
+                status, error, extra = run_sample(op, s, meta_only, tol)
             if attribute and wants_grad(op, dtype) and not meta_only and not extra.get("random"):
                 grad = run_grad(op, s, dtype, tol)
                 if grad is not None:
@@ -1194,7 +1253,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
                 op = _Variant.of(base, variant)
                 for d, dname in enumerate(dtypes):
                     pair = (k * nv + v) * nd + d
-                    if pair < start_pair:
+                    if pair < start_pair or (variant == "errors" and d > 0):
                         continue
                     name = _label(base.full_name + VARIANTS[variant], dname, dtypes)
                     progress.set(-1, pair, name)

@@ -10,7 +10,8 @@ numbers and the run commands). Two tests:
 - ``test_opinfo_sweep_against_cuda``: cuda driver, against native CUDA (the
   same kernels and the same generator; OpInfo's cuda tolerance hints allowed).
 
-Each runs twice: ops called as functions, then in their in-place and out= forms.
+Each runs three times: ops called as functions; in their in-place and out=
+forms; and with OpInfo's error inputs.
 
 Each fails when
 - fewer than ``MIN_PASS_RATE`` of the compared samples pass;
@@ -54,7 +55,16 @@ KNOWN_CUDA_FAILURES: dict = {
 }
 
 
-def _check(res, known: dict) -> None:
+# The error inputs' known failures (the "errors" form), by reference.
+_NARROW_COPY = ("OpInfo expects a device other than the CPU to run narrow()'s checks (IndexError "
+                "'Dimension out of range', 'length must be non-negative'); the host driver runs "
+                "the CPU's kernel, narrow_copy_dense_cpu_out, whose errors OpInfo expects on the "
+                "CPU (error inputs 1 and 6)")
+KNOWN_ERRORS_FAILURES: dict = {"narrow_copy(errors)": _NARROW_COPY}
+KNOWN_CUDA_ERRORS_FAILURES: dict = {}
+
+
+def _check(res, known: dict, name: str) -> None:
     """Prints the result and asserts the pass rate and the known failures."""
     failed = res.failed_ops
     new = {op: fs for op, fs in failed.items() if op not in known}
@@ -75,7 +85,6 @@ def _check(res, known: dict) -> None:
 
     assert res.compared > 0, "the sweep compared nothing"
     rate = res.passed / res.compared
-    name = "KNOWN_FAILURES" if res.ref == "cpu" else "KNOWN_CUDA_FAILURES"
     problems = []
     if rate < MIN_PASS_RATE:
         problems.append(f"pass rate {rate:.2%} < {MIN_PASS_RATE:.0%}")
@@ -88,16 +97,19 @@ def _check(res, known: dict) -> None:
     assert not problems, "\n".join(problems) + "\n" + res.summary()
 
 
-# Each sweep runs each op as a function, then through its in-place form and
-# its out= form into zero-size tensors it must resize (writes must reach the
-# caller's flagos tensors). The known failures are the function form's: the
-# other forms have none (2026-11-27: 7,639 of 7,639 on the host, 7,466 of
-# 7,466 against CUDA).
-FORMS = pytest.mark.parametrize("variants", [("function",), ("inplace", "out")], ids="+".join)
+# Each sweep runs each op as a function; through its in-place form and its
+# out= form into zero-size tensors it must resize (writes must reach the
+# caller's flagos tensors; 2026-11-27: 7,639 of 7,639 on the host, 7,466 of
+# 7,466 against CUDA, no known failures); and with OpInfo's error inputs,
+# which must raise as OpInfo says (opinfo_sweep.py, "Variants").
+FORMS = pytest.mark.parametrize("variants", [("function",), ("inplace", "out"), ("errors",)],
+                                ids="+".join)
 
 
-def _known(variants, known: dict) -> dict:
-    return known if variants == ("function",) else {}
+def _known(variants, function: tuple, errors: tuple) -> tuple:
+    """(known failures, their name) for the forms swept: `function` or `errors`
+    (each such a pair), or none for the in-place and out= forms."""
+    return {("function",): function, ("errors",): errors}.get(variants, ({}, "no known failures"))
 
 
 @pytest.mark.slow
@@ -108,7 +120,8 @@ def _known(variants, known: dict) -> dict:
 def test_opinfo_sweep(capsys, variants):
     res = opinfo_sweep.run_sweep(ref="cpu", variants=variants)
     with capsys.disabled():
-        _check(res, _known(variants, KNOWN_FAILURES))
+        _check(res, *_known(variants, (KNOWN_FAILURES, "KNOWN_FAILURES"),
+                            (KNOWN_ERRORS_FAILURES, "KNOWN_ERRORS_FAILURES")))
 
 
 def _on_cuda_driver() -> bool:
@@ -124,7 +137,8 @@ def _on_cuda_driver() -> bool:
 def test_opinfo_sweep_against_cuda(capsys, variants):
     res = opinfo_sweep.run_sweep(ref="cuda", variants=variants)
     with capsys.disabled():
-        _check(res, _known(variants, KNOWN_CUDA_FAILURES))
+        _check(res, *_known(variants, (KNOWN_CUDA_FAILURES, "KNOWN_CUDA_FAILURES"),
+                            (KNOWN_CUDA_ERRORS_FAILURES, "KNOWN_CUDA_ERRORS_FAILURES")))
 
 
 def test_flaggems_attribution_charges_only_the_culprits():
@@ -170,7 +184,7 @@ def test_flaggems_attribution_charges_only_the_culprits():
         opinfo_sweep.run_sweep(provider="flaggems")
     with pytest.raises(ValueError, match="float32, bfloat16, float16"):
         opinfo_sweep.run_sweep(dtypes=("float64",))
-    with pytest.raises(ValueError, match=r"\['inout'\]: choose from function, inplace, out"):
+    with pytest.raises(ValueError, match=r"\['inout'\]: choose from function, inplace, out, errors"):
         opinfo_sweep.run_sweep(variants=("inout",))
 
 
