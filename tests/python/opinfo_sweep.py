@@ -515,9 +515,9 @@ class _Variant:
     supports_autograd = False
 
     def __init__(self, op, kind: str):
+        # ``name`` stays the OpInfo's (the sweep's per-op tables key on it).
         self._op, self.kind = op, kind
         self.full_name = op.full_name + VARIANTS[kind]
-        self.name = op.name + VARIANTS[kind]
 
     def __getattr__(self, name):
         return getattr(self._op, name)
@@ -554,8 +554,8 @@ def _load_runner(stride: int, offset: int, only: set | None,
                  max_samples: int | None, ref: str,
                  dtypes: tuple = ("float32",), provider: str = "native", seed: int = 0):
     """Imports torch, torch_fl and op_db; returns ``run_ops(k, i, progress)``,
-    which runs this worker's (op, dtype) pairs from pair index ``k`` (op index
-    times the number of dtypes, plus the dtype's), sample ``i``."""
+    which runs this worker's (op, form, dtype) triples from pair index ``k``
+    (``(op index * forms + form index) * dtypes + dtype index``), sample ``i``."""
     import itertools
     import warnings
 
@@ -1168,7 +1168,9 @@ def _load_runner(stride: int, offset: int, only: set | None,
 
     def error_inputs(op, name) -> tuple:
         """The error inputs of ``op`` made on flagos, and the same made on the
-        reference device (None where the two do not pair up)."""
+        reference device, paired by position (None where the counts differ).
+        A generator that branches on the device type (narrow_copy's) may pair
+        two different inputs: the reference's then only decides a cpu-skip."""
         torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
         made = list(op.error_inputs(DEVICE))
         try:
@@ -1182,13 +1184,13 @@ def _load_runner(stride: int, offset: int, only: set | None,
         """Runs the samples of op in ``dtype`` from index ``first``."""
         t0 = time.perf_counter()
         dname = str(dtype).removeprefix("torch.")
-        name = _label(op.full_name, dname, dtypes)
+        errors = getattr(op, "kind", None) == "errors"
+        name = op.full_name if errors else _label(op.full_name, dname, dtypes)
         flag = getattr(op, "has_nondeterministic_output", None)
         meta_only = bool(flag) if flag is not None else name in _NONDETERMINISTIC_OUTPUT
         torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
         gen_error, capped = None, False
         tol = tolerance(op, dtype)
-        errors = getattr(op, "kind", None) == "errors"
         refs = []
         try:
             if errors:
@@ -1255,13 +1257,16 @@ def _load_runner(stride: int, offset: int, only: set | None,
                     pair = (k * nv + v) * nd + d
                     if pair < start_pair or (variant == "errors" and d > 0):
                         continue
-                    name = _label(base.full_name + VARIANTS[variant], dname, dtypes)
+                    # Error inputs have no dtype: one run, named without it.
+                    errors = variant == "errors"
+                    name = (base.full_name + VARIANTS[variant] if errors
+                            else _label(base.full_name + VARIANTS[variant], dname, dtypes))
                     progress.set(-1, pair, name)
                     if op is None:
                         _emit(kind="skip-op", op=name, why="no-variant")
                         continue
                     dtype = getattr(torch, dname)
-                    if dtype not in base.supported_dtypes(REF):
+                    if not errors and dtype not in base.supported_dtypes(REF):
                         _emit(kind="skip-op", op=name, why="no-dtype")
                         continue
                     if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):

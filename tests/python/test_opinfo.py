@@ -75,8 +75,8 @@ def _check(res, known: dict, name: str) -> None:
     if res.failures:
         print("failures (op [sample index] error):")
         print("\n".join(res.failure_lines()))
-    for name, err in res.sample_gen_errors:
-        print(f"sample-generation error: {name}: {err}")
+    for op, err in res.sample_gen_errors:
+        print(f"sample-generation error: {op}: {err}")
     if res.nondeterministic:
         print(f"nondeterministic on {res.ref} (compared on shape, dtype and device):")
         print("\n".join(res.nondeterministic_lines()))
