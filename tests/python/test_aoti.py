@@ -206,7 +206,9 @@ def test_aoti_package_runs_when_the_compiler_links_its_cxx_runtime_statically(tm
     # standard library that mixes with the process's, and AOTInductor's model
     # constructor fails in std::regex (native CPU and CUDA packages do).
     from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch_fl.compile import cpp_wrapper
 
+    assert cpp_wrapper._cxx_runtime() is not None  # else the build below proves nothing
     compiler = tmp_path / "static-cxx"
     compiler.write_text('#!/bin/sh\ncase " $* " in *" -shared "*) exec %s "$@" -static-libstdc++ ;; esac\n'
                         'exec %s "$@"\n' % (get_cpp_compiler(), get_cpp_compiler()))

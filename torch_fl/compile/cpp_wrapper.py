@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import threading
+import warnings
 
 from .._wrap import wrap_once
 from ..flagos._device import _on_cuda
@@ -229,9 +230,16 @@ def _cxx_runtime():
     """
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libstdc++.so" in line}
+            # address perms offset dev inode path: the path may hold spaces.
+            paths = {fields[5].removesuffix(" (deleted)")
+                     for fields in (line.rstrip("\n").split(maxsplit=5) for line in maps)
+                     if len(fields) == 6 and "/libstdc++.so" in fields[5]}
     except OSError:
         return None
+    paths = {p for p in paths if os.path.exists(p) and "," not in p}  # "," would split -Wl,
+    if len(paths) > 1:
+        warnings.warn(f"torch_fl: several C++ runtimes are loaded ({', '.join(sorted(paths))}); "
+                      "code compiled for flagos links the compiler's own")
     return paths.pop() if len(paths) == 1 else None
 
 
