@@ -49,8 +49,8 @@ every run) is
 
 Variants
 --------
-By default each op is called as OpInfo's function. ``--variants`` (or
-``FLAGOS_SWEEP_VARIANTS``, which the workers inherit) also sweeps its in-place
+By default each op is called as OpInfo's function. ``--variants`` (its
+default ``FLAGOS_SWEEP_VARIANTS``, else ``function``) also sweeps its in-place
 form (``inplace``: ``op.inplace_variant``, named ``<op>_``) and its ``out=``
 form (``out``: the function's results tell the dtypes, then the op runs again
 into zero-size tensors of those dtypes, which it must resize; named
@@ -498,12 +498,15 @@ def _label(name: str, dtype: str, dtypes: tuple) -> str:
     return name if dtypes == ("float32",) else f"{name}[{dtype}]"
 
 
-def _variants_from_env() -> tuple:
-    names = tuple(v.strip() for v in os.environ.get("FLAGOS_SWEEP_VARIANTS", "function").split(",")
-                  if v.strip())
-    bad = [v for v in names if v not in VARIANTS]
+def _names(what: str, names, allowed) -> tuple:
+    """``names`` (a comma-separated string or a sequence) as a tuple, each one
+    of ``allowed``; else ValueError naming the bad ones and the choices."""
+    if isinstance(names, str):
+        names = names.split(",")
+    names = tuple(n.strip() for n in names if n.strip())
+    bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise ValueError(f"variants {bad or '(none)'}: choose from {', '.join(VARIANTS)}")
+        raise ValueError(f"{what} {bad or '(none)'}: choose from {', '.join(allowed)}")
     return names
 
 
@@ -552,7 +555,8 @@ class _Variant:
 
 def _load_runner(stride: int, offset: int, only: set | None,
                  max_samples: int | None, ref: str,
-                 dtypes: tuple = ("float32",), provider: str = "native", seed: int = 0):
+                 dtypes: tuple = ("float32",), provider: str = "native", seed: int = 0,
+                 variants: tuple = ("function",)):
     """Imports torch, torch_fl and op_db; returns ``run_ops(k, i, progress)``,
     which runs this worker's (op, form, dtype) triples from pair index ``k``
     (``(op index * forms + form index) * dtypes + dtype index``), sample ``i``."""
@@ -1055,11 +1059,12 @@ def _load_runner(stride: int, offset: int, only: set | None,
     def run_sample(op, s, meta_only, tol):
         """(status, error, extra record fields) of one sample."""
         status, error, extra = run_sample_once(op, s, meta_only, tol)
-        if attribute and status == "fail" and "tmpl" in extra and not extra.get("used"):
-            extra["used"] = raised_in_flaggems(op, extra["tmpl"], extra["factory"])
-        if attribute and status == "fail" and extra.get("used") and "tmpl" in extra:
-            extra.update(trace(op, s, extra["tmpl"], extra["expected"], extra["factory"],
-                               extra.get("meta", meta_only), tol, extra["used"]))
+        if attribute and status == "fail" and "tmpl" in extra:
+            if not extra.get("used"):
+                extra["used"] = raised_in_flaggems(op, extra["tmpl"], extra["factory"])
+            if extra["used"]:
+                extra.update(trace(op, s, extra["tmpl"], extra["expected"], extra["factory"],
+                                   extra.get("meta", meta_only), tol, extra["used"]))
         for k in ("tmpl", "expected", "factory"):
             extra.pop(k, None)
         return status, error, extra
@@ -1180,12 +1185,11 @@ def _load_runner(stride: int, offset: int, only: set | None,
             refs = []
         return made, refs if len(refs) == len(made) else [None] * len(made)
 
-    def run_op(k, op, dtype, first, progress):
-        """Runs the samples of op in ``dtype`` from index ``first``."""
+    def run_op(k, op, dtype, name, first, progress):
+        """Runs the samples of op in ``dtype`` (results named ``name``) from index ``first``."""
         t0 = time.perf_counter()
         dname = str(dtype).removeprefix("torch.")
         errors = getattr(op, "kind", None) == "errors"
-        name = op.full_name if errors else _label(op.full_name, dname, dtypes)
         flag = getattr(op, "has_nondeterministic_output", None)
         meta_only = bool(flag) if flag is not None else name in _NONDETERMINISTIC_OUTPUT
         torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
@@ -1235,9 +1239,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
         _emit(kind="op", op=name, seconds=time.perf_counter() - t0,
               capped=capped, gen_error=gen_error)
 
-    nd = len(dtypes)
-    variants = _variants_from_env()
-    nv = len(variants)
+    nd, nv = len(dtypes), len(variants)
 
     # FLAGOS_SWEEP_PART=i/n: only the ops whose op_db index is i modulo n (a
     # sweep split over several runs).
@@ -1272,7 +1274,8 @@ def _load_runner(stride: int, offset: int, only: set | None,
                     if name.startswith(_NA_PREFIXES) or any(w in name for w in _NA_WORDS):
                         _emit(kind="skip-op", op=name, why="na")
                         continue
-                    run_op(pair, op, dtype, start_sample if pair == start_pair else 0, progress)
+                    run_op(pair, op, dtype, name, start_sample if pair == start_pair else 0,
+                           progress)
 
     return run_ops
 
@@ -1331,12 +1334,14 @@ class _SpawnedChild:
 
 def _worker_main(start: tuple[int, int], stride: int, offset: int,
                  only: set | None, max_samples: int | None, ref: str,
-                 isolation: str, dtypes: tuple, provider: str, seed: int) -> None:
+                 isolation: str, dtypes: tuple, provider: str, seed: int,
+                 variants: tuple) -> None:
     """Runs this worker's ops in children, one after another, each going on
     where the last one stopped; a sample that crashes or hangs a child costs
     only that sample."""
     if isolation == "fork":
-        run_ops = _load_runner(stride, offset, only, max_samples, ref, dtypes, provider, seed)
+        run_ops = _load_runner(stride, offset, only, max_samples, ref, dtypes, provider, seed,
+                               variants)
         progress, path = _Progress(), None
 
         def launch(k, i):
@@ -1346,7 +1351,8 @@ def _worker_main(start: tuple[int, int], stride: int, offset: int,
         progress = _Progress(path)
         argv = ["--stride", str(stride), "--offset", str(offset),
                 "--max-samples", str(max_samples or 0), "--ref", ref,
-                "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed)]
+                "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed),
+                "--variants", ",".join(variants)]
         if only is not None:
             argv += ["--ops", ",".join(sorted(only))]
 
@@ -1462,13 +1468,14 @@ class _Worker:
                "--stride", str(stride), "--offset", str(offset),
                "--max-samples", str(max_samples or 0),
                "--ref", ref, "--isolation", isolation,
-               "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed)]
+               "--dtypes", ",".join(dtypes), "--provider", provider, "--seed", str(seed),
+               "--variants", ",".join(variants)]
         if only is not None:
             cmd += ["--ops", ",".join(sorted(only))]
         self.stride, self.offset = stride, offset
         self.only, self.max_samples, self.verbose = only, max_samples, verbose
         self.proc = subprocess.Popen(
-            cmd, env=dict(_worker_env(provider), FLAGOS_SWEEP_VARIANTS=",".join(variants)), stdout=subprocess.PIPE,
+            cmd, env=_worker_env(provider), stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL if not verbose else None, text=True,
             bufsize=1)
         self.done = False
@@ -1494,18 +1501,12 @@ def run_sweep(only: set | None = None, max_samples: int | None | str = _DEFAULT,
 
     if ref not in REFS:
         raise ValueError(f"ref must be one of {', '.join(REFS)}, not {ref!r}")
-    dtypes = tuple(dtypes)
-    bad = [d for d in dtypes if d not in TOLERANCES]
-    if bad or not dtypes:
-        raise ValueError(f"dtypes {bad or '(none)'}: choose from {', '.join(DTYPES)}")
+    dtypes = _names("dtypes", dtypes, DTYPES)
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, not {provider!r}")
     if provider == "flaggems" and ref != "cuda":
         raise ValueError("provider 'flaggems' compares FlagGems with native CUDA: use ref='cuda'")
-    variants = tuple(variants)
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        raise ValueError(f"variants {bad or '(none)'}: choose from {', '.join(VARIANTS)}")
+    variants = _names("variants", variants, VARIANTS)
     if max_samples == _DEFAULT:
         max_samples = default_max_samples(ref)
     isolation = isolation or default_isolation(ref)
@@ -1590,7 +1591,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0,
                    help="0 (default): each op's fixed samples; else fresh samples that "
                         "this seed reproduces")
-    p.add_argument("--variants", default=None,
+    p.add_argument("--variants", default=os.environ.get("FLAGOS_SWEEP_VARIANTS", "function"),
                    help=f"comma-separated forms among {', '.join(VARIANTS)} (default: "
                         "FLAGOS_SWEEP_VARIANTS, else function)")
     p.add_argument("--table", help="with --provider flaggems: write the per-operator "
@@ -1615,15 +1616,16 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     only = set(a.ops.split(",")) if a.ops else None
     dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())
+    variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
     if a.worker or a.child:
         k, i = (int(x) for x in a.start.split(":"))
         cap = a.max_samples or None
         if a.child:
             run_ops = _load_runner(a.stride, a.offset, only, cap, a.ref, dtypes, a.provider,
-                                   a.seed)
+                                   a.seed, variants)
             return _run_child(run_ops, k, i, _Progress(a.progress))
         _worker_main((k, i), a.stride, a.offset, only, cap, a.ref,
-                     a.isolation or default_isolation(a.ref), dtypes, a.provider, a.seed)
+                     a.isolation or default_isolation(a.ref), dtypes, a.provider, a.seed, variants)
         return 0
     if a.ref == "cuda":
         import torch
@@ -1633,9 +1635,8 @@ def main(argv=None) -> int:
             return 2
     cap = _DEFAULT if a.max_samples is None else (a.max_samples or None)
     try:
-        variants = (a.variants or os.environ.get("FLAGOS_SWEEP_VARIANTS", "function")).split(",")
         res = run_sweep(only, cap, a.workers, a.verbose, a.ref, a.isolation, dtypes, a.provider,
-                        a.seed, tuple(v.strip() for v in variants if v.strip()))
+                        a.seed, variants)
     except ValueError as e:
         p.error(str(e))
     print("\n".join(res.failure_lines()))
