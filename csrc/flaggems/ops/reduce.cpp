@@ -178,16 +178,18 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   const bool is_mean = which == Reduce::kMean;
   const at::Tensor* self = call.tensor(0);
   if (!self) return Outcome::kDecline;
-  if (is_mean) {
-    // ATen refuses a mean whose result dtype (self's, or the dtype argument)
-    // is not floating or complex; FlagGems' wrapper computes one. The native
-    // kernel serves such a call, and raises.
-    const c10::IValue& dtype = call.arg(3);
-    const c10::ScalarType result =
-        dtype.isInt() ? static_cast<c10::ScalarType>(dtype.toInt()) : self->scalar_type();
-    if (!c10::isFloatingType(result) && !c10::isComplexType(result)) return Outcome::kNative;
+  // The result dtype: argmax's, or mean's (self's, or its dtype argument).
+  c10::ScalarType out_dtype = is_mean ? self->scalar_type() : c10::kLong;
+  if (is_mean && !call.arg(3).isNone()) {
+    if (!call.arg(3).isInt()) return Outcome::kDecline;
+    out_dtype = static_cast<c10::ScalarType>(call.arg(3).toInt());
   }
-  if (!is_float(self->scalar_type())) return Outcome::kDecline;
+  // ATen refuses a mean whose result dtype is not floating or complex;
+  // FlagGems' wrapper computes one. The native kernel serves it, and raises.
+  if (is_mean && !c10::isFloatingType(out_dtype) && !c10::isComplexType(out_dtype)) {
+    return Outcome::kNative;
+  }
+  if (!is_float(self->scalar_type()) || (is_mean && !is_float(out_dtype))) return Outcome::kDecline;
   int64_t dim = 0;
   const c10::IValue& dims = call.arg(1);
   if (is_mean) {
@@ -201,12 +203,6 @@ Outcome plan_reduce_dim(const OpDesc& op, Call& call, CallPlan& plan) {
   if (!wrap_dim(dim, self->dim(), &dim)) return Outcome::kDecline;
   if (!call.arg(2).isBool()) return Outcome::kDecline;
   const bool keepdim = call.arg(2).toBool();
-  c10::ScalarType out_dtype = is_mean ? self->scalar_type() : c10::kLong;
-  if (is_mean && !call.arg(3).isNone()) {
-    if (!call.arg(3).isInt()) return Outcome::kDecline;
-    out_dtype = static_cast<c10::ScalarType>(call.arg(3).toInt());
-    if (!is_float(out_dtype)) return Outcome::kDecline;
-  }
 
   Outcome o = Outcome::kPlanned;
   const auto [M, N, K] = around_dim(*self, dim);
