@@ -414,12 +414,7 @@ std::vector<std::string> load(const std::string& default_path) {
                         "' is not an aten operator or overload (write '.' as "
                         "'__', e.g. FLAGOS_OP_add__Tensor)";
       std::string guess = closest_match(encoded, names.all);
-      if (!guess.empty()) {
-        std::string enc = guess;
-        for (size_t p = enc.find('.'); p != std::string::npos; p = enc.find('.'))
-          enc.replace(p, 1, "__");
-        msg += ". Did you mean " + std::string(kEnvPrefix) + enc + "?";
-      }
+      if (!guess.empty()) msg += ". Did you mean " + env_var(guess) + "?";
       problems.push_back(msg);
       continue;
     }
@@ -485,6 +480,18 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   plan.native_route.store(!fallback && (b == Backend::kNative || b == Backend::kCuda ||
                                         (b == Backend::kCpu && is_host())));
   plan.route_epoch.store(now, std::memory_order_release);
+}
+
+std::string env_var(std::string_view op) {
+  std::string var = kEnvPrefix;
+  for (char c : op) {
+    if (c == '.') {
+      var += "__";
+    } else {
+      var += c;
+    }
+  }
+  return var;
 }
 
 void set_route(const std::string& op_text, const std::string& chain_text_in) {

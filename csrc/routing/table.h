@@ -59,6 +59,9 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan);
 // available here.
 void set_route(const std::string& op, const std::string& chain);
 
+// The environment variable that routes `op` ("add.Tensor"): FLAGOS_OP_add__Tensor.
+std::string env_var(std::string_view op);
+
 struct Row {
   std::string op;       // "aten::add.Tensor", or a configured name
   std::string backend;  // chosen backend, or the configured chain if unresolved
