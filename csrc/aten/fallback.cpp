@@ -44,6 +44,59 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
+// A copy of `t` for the native kernel to write in place of the caller's
+// tensor (check_natively): its own memory, the same geometry.
+at::Tensor scratch_copy(const at::Tensor& t) {
+  return t.defined() ? t.clone(at::MemoryFormat::Preserve) : t;
+}
+
+// FlagGems' kernels check fewer arguments than ATen's, and raise other
+// exception types or texts (AssertionError, "Unbroadcastable") for some they
+// do check. So where a FlagGems call raises, the native kernel takes the same
+// arguments (still on `stack`): for invalid ones it raises ATen's error, the
+// one a CUDA program sees; where it accepts them, the error is FlagGems' own
+// and is raised as it came, with a warning that names the way around it. An
+// argument the operator writes (in place, out=) goes to the native kernel as
+// a copy, so that this second run changes nothing the caller holds.
+[[noreturn]] void check_natively(const c10::OperatorHandle& op, const OpPlan& plan,
+                                 torch::jit::Stack* stack, std::exception_ptr flaggems_error) {
+  const size_t base = stack->size() - plan.num_arguments;
+  for (const ArgSlot& slot : plan.slots) {
+    if (!slot.is_write) continue;
+    c10::IValue& v = (*stack)[base + slot.index];
+    if (v.isTensor()) {
+      v = scratch_copy(v.toTensor());
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> copies;
+      for (const at::Tensor& t : v.toTensorList()) copies.push_back(scratch_copy(t));
+      v = std::move(copies);
+    }
+  }
+  run_native(op, plan, stack);  // ATen's own argument checks: raises for invalid ones
+  const std::string key = op_key(op.operator_name());
+  TORCH_WARN("flagos: FlagGems' kernel for ", key, " raised the error that follows, and the ",
+             runtime::driver().name(), " driver's native kernel accepts the same arguments. To run ",
+             key, " on the native kernel, route it there: ", routing::env_var(key),
+             "=native, or torch_fl.routing.set_route('", key, "', 'native').");
+  std::rethrow_exception(flaggems_error);
+}
+
+// Runs `flaggems` (a FlagGems launch); if it raises, check_natively. Nothing
+// on the path of a call that succeeds.
+template <typename F>
+auto with_atens_errors(const c10::OperatorHandle& op, const OpPlan& plan,
+                       torch::jit::Stack* stack, F&& flaggems) {
+  const size_t depth = stack->size();
+  try {
+    return flaggems();
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // memory, not arguments: nothing for ATen to check
+  } catch (...) {
+    if (stack->size() != depth) throw;  // the arguments are gone: nothing to check them with
+    check_natively(op, plan, stack, std::current_exception());
+  }
+}
+
 // FlagGems' kernels: launched from C++ where `desc` describes the operator
 // (csrc/flaggems/launcher.h), else through FlagGems' Python wrapper
 // (`python_kernel`, -1: the plan's); stub-only mode has no wrapper, so what
@@ -54,8 +107,10 @@ Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const voi
   const int64_t kernel =
       python_kernel >= 0 ? python_kernel : plan.python_kernel.load(std::memory_order_relaxed);
   if (desc != nullptr && flaggems::cpp_enabled()) {
-    const flaggems::Ran ran = flaggems::run(op, plan, *static_cast<const flaggems::OpDesc*>(desc),
-                                            python_kernel, stack);
+    const flaggems::Ran ran = with_atens_errors(op, plan, stack, [&] {
+      return flaggems::run(op, plan, *static_cast<const flaggems::OpDesc*>(desc), python_kernel,
+                           stack);
+    });
     if (ran == flaggems::Ran::kCpp || ran == flaggems::Ran::kPython) {
       return {Backend::kFlagGems, ran == flaggems::Ran::kCpp};
     }
@@ -65,7 +120,7 @@ Served run_flaggems(const c10::OperatorHandle& op, const OpPlan& plan, const voi
     run_native(op, plan, stack);
     return {Backend::kNative, false};
   }
-  run_python(op, plan, stack, kernel);
+  with_atens_errors(op, plan, stack, [&] { run_python(op, plan, stack, kernel); });
   return {Backend::kFlagGems, false};
 }
 

@@ -151,8 +151,21 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack, int64_t kernel) {
   if (kernel < 0) kernel = plan.python_kernel.load(std::memory_order_relaxed);
-  with_native_views(op, plan, stack, /*python_kernel=*/true,
-                    [&] { invoke_python_kernel(kernel, op, stack); });
+  // The call's own arguments, put back if the kernel raises, for ATen to check
+  // (fallback.cpp, run_flaggems): the kernel sees native views in their place.
+  // Reference counts only: a Python kernel costs tens of microseconds.
+  const size_t base = stack->size() - plan.num_arguments;
+  c10::SmallVector<c10::IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(base),
+                                        stack->end());
+  try {
+    with_native_views(op, plan, stack, /*python_kernel=*/true,
+                      [&] { invoke_python_kernel(kernel, op, stack); });
+  } catch (...) {
+    stack->resize(base);
+    stack->insert(stack->end(), std::make_move_iterator(args.begin()),
+                  std::make_move_iterator(args.end()));
+    throw;
+  }
 }
 
 void run_cpu_copy(const c10::OperatorHandle& op, const OpPlan& plan,

@@ -20,7 +20,8 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 // The `flaggems` provider: the operator's Python kernel (registered by the
 // Python layer, see python_provider.h) runs on native views, exactly like a
 // native kernel would, so it sees CUDA tensors on the current CUDA stream.
-// `kernel`: the Python kernel to call; -1 means the plan's.
+// `kernel`: the Python kernel to call; -1 means the plan's. If the kernel
+// raises, the stack holds the call's arguments again, as it found them.
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack, int64_t kernel = -1);
 

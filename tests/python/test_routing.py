@@ -6,6 +6,8 @@ started together and collected per test to keep the suite fast.
 """
 
 import random
+import re
+import warnings
 import threading
 
 import pytest
@@ -422,3 +424,67 @@ def test_deterministic_algorithms_keep_calls_off_flaggems():
     torch.testing.assert_close(exact.cpu(), torch.tanh(x.cpu()), rtol=0, atol=0)
     torch.testing.assert_close(flaggems.cpu(), torch.tanh(x.cpu()) + 0.25)
     assert calls.get("native") == 1 and torch_fl.routing.flaggems_calls(calls) == 1, calls
+
+
+def _raises(kind, text):
+    """A kernel that raises as FlagGems' do, and counts its calls."""
+    def kernel(*args, **kwargs):
+        kernel.calls += 1
+        raise kind(text)
+    kernel.calls = 0
+    return kernel
+
+
+@pytest.mark.host_only  # replaces the flaggems backend's Python kernels (FlagGems' on the cuda driver)
+def test_a_flaggems_kernel_that_raises_gives_atens_error_for_invalid_arguments():
+    """FlagGems' kernels raise AssertionError or ValueError for arguments where
+    ATen raises RuntimeError with its own text: the native kernel then runs the
+    same arguments, and its error is the one raised."""
+    pairs = [(torch.randn(3), torch.randn(4)), (torch.randn(2, 3), torch.randn(2, 3))]
+    dot = _raises(AssertionError, "Shape mismatch")
+    with python_kernels({"dot": dot}):
+        for a, b in pairs:
+            with pytest.raises(RuntimeError) as on_cpu:
+                torch.dot(a, b)
+            with pytest.raises(type(on_cpu.value)) as on_flagos:
+                torch.dot(a.to("flagos"), b.to("flagos"))
+            assert str(on_flagos.value) == str(on_cpu.value)
+    assert dot.calls == len(pairs)
+
+
+@pytest.mark.host_only
+def test_a_flaggems_kernel_that_raises_for_valid_arguments_keeps_its_error_and_says_the_way_out():
+    a, b = torch.randn(5, device="flagos"), torch.randn(5, device="flagos")
+    with python_kernels({"dot": _raises(ValueError, "kernel failed to compile")}):
+        with pytest.warns(UserWarning, match=r"FlagGems' kernel for dot raised .* FLAGOS_OP_dot=native"):
+            with pytest.raises(ValueError, match="kernel failed to compile"):
+                torch.dot(a, b)
+        torch_fl.routing.set_route("dot", "native")
+        torch.testing.assert_close(torch.dot(a, b).cpu(), torch.dot(a.cpu(), b.cpu()))
+
+
+@pytest.mark.host_only
+def test_in_place_and_out_flaggems_kernels_that_raise_leave_the_callers_tensors_alone():
+    """The native kernel writes copies of the arguments an overload writes: for
+    invalid arguments it raises ATen's error, for valid ones FlagGems' error
+    stands, and in both cases the caller's tensors keep their values."""
+    x, out = torch.randn(4, device="flagos"), torch.randn(3, device="flagos")
+    square = torch.randn(3, 3, device="flagos")
+    saved = [t.cpu() for t in (x, out, square)]
+    kernels = {"tril_": _raises(AssertionError, "needs 2 dims"),
+               "mul.out": _raises(ValueError, "Unbroadcastable")}
+    with python_kernels(kernels):
+        with pytest.raises(RuntimeError) as on_cpu:
+            saved[0].clone().tril_()
+        with pytest.raises(type(on_cpu.value), match=re.escape(str(on_cpu.value))):
+            x.tril_()
+        with pytest.raises(RuntimeError) as on_cpu:
+            torch.mul(saved[0], saved[1][:2], out=saved[1].clone())
+        with pytest.raises(type(on_cpu.value), match=re.escape(str(on_cpu.value))):
+            torch.mul(x, out[:2], out=out)
+        with pytest.warns(UserWarning, match="FlagGems' kernel for tril_ raised"):
+            with pytest.raises(AssertionError, match="needs 2 dims"):
+                square.tril_()
+    for t, before in zip((x, out, square), saved):
+        assert torch.equal(t.cpu(), before)
+    assert kernels["tril_"].calls == 2 and kernels["mul.out"].calls == 1
