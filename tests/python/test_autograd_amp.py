@@ -331,8 +331,10 @@ def test_autocast_matmul_and_linear_run_in_bfloat16():
     assert out.dtype == torch.bfloat16
     assert bmm.dtype == torch.bfloat16
     assert mm.device.type == "flagos"
+    # cuBLAS may reduce bf16 products in bf16 (allow_bf16_reduced_precision_reduction):
+    # partial sums near 4 carry an ulp of 0.03, so the bound is Linear's below.
     ref = a.cpu().bfloat16() @ b.cpu().bfloat16()
-    close(mm.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    close(mm.float(), ref.float(), rtol=1.6e-2, atol=3e-2)
     close(out.float(), lin.cpu()(a.cpu()), rtol=3e-2, atol=3e-2)
     # outside the region, fp32 again
     assert (a @ b).dtype == torch.float32
