@@ -2,11 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include "aten/provider_error.h"
+
 namespace torch_fl::flaggems {
 
 void* Kernel::function_for(int device, const char* op) {
-  TORCH_CHECK(device >= 0 && device < static_cast<int>(function.size()), "flagos: device ",
-              device, " out of range");
+  FLAGOS_PROVIDER_CHECK(device >= 0 && device < static_cast<int>(function.size()),
+                        "flagos: device ", device, " out of range");
   void* f = function[device].load(std::memory_order_acquire);
   if (f) return f;
   std::lock_guard<std::mutex> lock(load_mu);
@@ -16,8 +18,8 @@ void* Kernel::function_for(int device, const char* op) {
   std::string error;
   if (!cuda::load(device, binary.cubin, binary.name, binary.shared, binary.num_warps, sizes, count,
                   &loaded, &error)) {
-    TORCH_CHECK(false, "flagos: cannot load FlagGems kernel ", binary.name, " for ", op,
-                " on device ", device, ": ", error);
+    FLAGOS_PROVIDER_CHECK(false, "flagos: cannot load FlagGems kernel ", binary.name, " for ", op,
+                          " on device ", device, ": ", error);
   }
   function[device].store(loaded.function, std::memory_order_release);
   return loaded.function;

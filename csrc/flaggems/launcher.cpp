@@ -10,6 +10,7 @@
 
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
+#include "aten/provider_error.h"
 #include "flaggems/cuda_launch.h"
 #include "flaggems/disk_cache.h"
 #include "flaggems/kernel_table.h"
@@ -103,7 +104,7 @@ void launch_all(const OpDesc& d, c10::DeviceIndex device, CallPlan& p, Prepared*
     void* f = k->function_for(device, d.aten);
     const char* err = cuda::launch(device, f, p.launches[i].grid, k->binary.num_warps,
                                    k->binary.shared, prep[i].packed.params);
-    TORCH_CHECK(err == nullptr, "flagos: launching FlagGems kernel ", k->binary.name, " for ",
+    FLAGOS_PROVIDER_CHECK(err == nullptr, "flagos: launching FlagGems kernel ", k->binary.name, " for ",
                 d.aten, " failed: ", err);
   }
   if (p.post) p.post(p);
@@ -165,7 +166,8 @@ void pin(Kernel* k, const OpDesc& d, const std::string& why) {
     std::lock_guard<std::mutex> lock(t.mu);
     t.pinned.push_back(msg);
   }
-  TORCH_CHECK(!g_strict.load(), "flagos (FLAGOS_FLAGGEMS_VERIFY=strict): the C++ plan of ", msg);
+  FLAGOS_PROVIDER_CHECK(!g_strict.load(), "flagos (FLAGOS_FLAGGEMS_VERIFY=strict): the C++ plan of ",
+                        msg);
   warn_once("pin:" + std::string(d.aten), "FlagGems' " + std::string(d.aten) +
                                              " keeps running through its Python wrapper for "
                                              "some arguments: its C++ plan differs (" + why +
@@ -566,7 +568,17 @@ Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDe
   Capture cap = capture_of(*side, [&] { aten::run_python(op, oplan, stack, python_kernel); });
   const size_t nret = oplan.num_returns;
   std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(nret), stack->end());
-  learn_and_verify(d, args, cap, results, /*admit=*/true);
+  // The call has its results: what fails from here on is not about its
+  // arguments, which the stack no longer holds (aten/provider_error.h).
+  try {
+    learn_and_verify(d, args, cap, results, /*admit=*/true);
+  } catch (const aten::NotAboutArguments&) {
+    throw;
+  } catch (const c10::Error& e) {
+    FLAGOS_PROVIDER_CHECK(false, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    FLAGOS_PROVIDER_CHECK(false, e.what());
+  }
   return Ran::kPython;
 }
 

@@ -13,6 +13,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include "aten/fallback.h"
+#include "aten/provider_error.h"
 #include "aten/python_provider.h"
 #include "aten/rnn_cells.h"
 #include "hal/driver.h"
@@ -124,6 +125,14 @@ py::object to_python(const c10::Argument& arg, const c10::IValue& v) {
   return torch::jit::toPyObject(v);
 }
 
+// A Python kernel's error that is not about the call's arguments
+// (torch.OutOfMemoryError, or no Exception at all: KeyboardInterrupt,
+// SystemExit): raised as pybind11's error, with the mark that keeps the native
+// kernel from checking the arguments first (aten/provider_error.h).
+struct PythonProviderError : py::error_already_set, aten::NotAboutArguments {
+  explicit PythonProviderError(const py::error_already_set& e) : py::error_already_set(e) {}
+};
+
 // The invoker libtorch_fl calls (aten/python_provider.h): the arguments are
 // native (CUDA) views; keyword-only schema arguments go as keywords, as
 // torch.library passes them to Python kernels.
@@ -147,8 +156,17 @@ void invoke_python_kernel(int64_t id, const c10::OperatorHandle& op,
     }
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-  py::object out = python_kernels().at(static_cast<size_t>(id))(
-      *py::tuple(positional), **keywords);
+  py::object out;
+  try {
+    out = python_kernels().at(static_cast<size_t>(id))(*py::tuple(positional), **keywords);
+  } catch (const py::error_already_set& e) {
+    static PyObject* out_of_memory =  // leaked: a type object, alive until exit
+        py::object(py::module_::import("torch").attr("OutOfMemoryError")).release().ptr();
+    if (!e.matches(PyExc_Exception) || e.matches(out_of_memory)) {
+      throw PythonProviderError(e);
+    }
+    throw;
+  }
   const auto& rets = schema.returns();
   if (rets.empty()) return;
   if (out.is_none() && rets.size() == written.size()) {

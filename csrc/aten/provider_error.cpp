@@ -1,0 +1,7 @@
+#include "aten/provider_error.h"
+
+namespace torch_fl::aten {
+
+NotAboutArguments::~NotAboutArguments() = default;
+
+}  // namespace torch_fl::aten
