@@ -26,10 +26,12 @@
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
 #include "aten/op_plan.h"
+#include "aten/provider_error.h"
 #include "flaggems/launcher.h"
 #include "routing/table.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
+#include "runtime/generator.h"
 
 namespace torch_fl::aten {
 namespace {
@@ -44,10 +46,17 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
-// A copy of `t` for the native kernel to write in place of the caller's
-// tensor (check_natively): its own memory, the same geometry.
-at::Tensor scratch_copy(const at::Tensor& t) {
-  return t.defined() ? t.clone(at::MemoryFormat::Preserve) : t;
+// The flagos device a call runs on: its first flagos tensor's, else the
+// current one.
+c10::DeviceIndex device_of_call(const OpPlan& plan, const torch::jit::Stack& stack) {
+  const size_t base = stack.size() - plan.num_arguments;
+  for (const ArgSlot& slot : plan.slots) {
+    const c10::IValue& v = stack[base + slot.index];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == runtime::kFlagos) {
+      return v.toTensor().device().index();
+    }
+  }
+  return runtime::current_device();
 }
 
 // FlagGems' kernels check fewer arguments than ATen's, and raise other
@@ -55,24 +64,29 @@ at::Tensor scratch_copy(const at::Tensor& t) {
 // do check. So where a FlagGems call raises, the native kernel takes the same
 // arguments (still on `stack`): for invalid ones it raises ATen's error, the
 // one a CUDA program sees; where it accepts them, the error is FlagGems' own
-// and is raised as it came, with a warning that names the way around it. An
-// argument the operator writes (in place, out=) goes to the native kernel as
-// a copy, so that this second run changes nothing the caller holds.
+// and is raised as it came, with a warning that names the way around it. The
+// native kernel writes copies of what the overload writes
+// (run_native_on_copies), and a seeded operator's generator gets its state
+// back, so this second run changes nothing the caller holds.
 [[noreturn]] void check_natively(const c10::OperatorHandle& op, const OpPlan& plan,
                                  torch::jit::Stack* stack, std::exception_ptr flaggems_error) {
-  const size_t base = stack->size() - plan.num_arguments;
-  for (const ArgSlot& slot : plan.slots) {
-    if (!slot.is_write) continue;
-    c10::IValue& v = (*stack)[base + slot.index];
-    if (v.isTensor()) {
-      v = scratch_copy(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> copies;
-      for (const at::Tensor& t : v.toTensorList()) copies.push_back(scratch_copy(t));
-      v = std::move(copies);
+  struct RestoreRng {
+    std::optional<at::Generator> gen;
+    at::Tensor state;
+    ~RestoreRng() {
+      if (!gen) return;
+      std::lock_guard<std::mutex> lock(gen->mutex());
+      gen->set_state(state);
     }
+  } rng;
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+    // FlagGems' random kernels draw from the default generator (an explicit
+    // one sends the call to the native kernel: flaggems_declines).
+    rng.gen = runtime::default_generator(device_of_call(plan, *stack));
+    std::lock_guard<std::mutex> lock(rng.gen->mutex());
+    rng.state = rng.gen->get_state();
   }
-  run_native(op, plan, stack);  // ATen's own argument checks: raises for invalid ones
+  if (!run_native_on_copies(op, plan, stack)) std::rethrow_exception(flaggems_error);
   const std::string key = op_key(op.operator_name());
   TORCH_WARN("flagos: FlagGems' kernel for ", key, " raised the error that follows, and the ",
              runtime::driver().name(), " driver's native kernel accepts the same arguments. To run ",
@@ -89,8 +103,10 @@ auto with_atens_errors(const c10::OperatorHandle& op, const OpPlan& plan,
   const size_t depth = stack->size();
   try {
     return flaggems();
+  } catch (const NotAboutArguments&) {
+    throw;  // a launch, a verification, memory, an interrupt: provider_error.h
   } catch (const c10::OutOfMemoryError&) {
-    throw;  // memory, not arguments: nothing for ATen to check
+    throw;
   } catch (...) {
     if (stack->size() != depth) throw;  // the arguments are gone: nothing to check them with
     check_natively(op, plan, stack, std::current_exception());

@@ -463,28 +463,74 @@ def test_a_flaggems_kernel_that_raises_for_valid_arguments_keeps_its_error_and_s
         torch.testing.assert_close(torch.dot(a, b).cpu(), torch.dot(a.cpu(), b.cpu()))
 
 
+def _raises_as_cpu(call, *args):
+    """call(*args) on CPU copies of flagos `args` (aliasing kept: a view stays a
+    view of its base) must raise; returns the exception."""
+    with pytest.raises(Exception) as on_cpu:
+        call(*args)
+    return on_cpu.value
+
+
 @pytest.mark.host_only
 def test_in_place_and_out_flaggems_kernels_that_raise_leave_the_callers_tensors_alone():
-    """The native kernel writes copies of the arguments an overload writes: for
-    invalid arguments it raises ATen's error, for valid ones FlagGems' error
-    stands, and in both cases the caller's tensors keep their values."""
-    x, out = torch.randn(4, device="flagos"), torch.randn(3, device="flagos")
-    square = torch.randn(3, 3, device="flagos")
-    saved = [t.cpu() for t in (x, out, square)]
+    """The native kernel writes copies of the storages an overload writes, with
+    every argument on them moved over (aliasing kept, since ATen checks overlap
+    before shapes): for invalid arguments it raises ATen's error, for valid ones
+    FlagGems' error stands, and the caller's tensors keep their values."""
     kernels = {"tril_": _raises(AssertionError, "needs 2 dims"),
-               "mul.out": _raises(ValueError, "Unbroadcastable")}
+               "mul.out": _raises(ValueError, "Unbroadcastable"),
+               "add_.Tensor": _raises(AssertionError, "add_ failed")}
+    x, square = torch.randn(4, device="flagos"), torch.randn(3, 3, device="flagos")
+    out, one = torch.randn(3, device="flagos"), torch.randn(1, device="flagos")
+    cpu = {name: t.cpu() for name, t in [("x", x), ("square", square), ("out", out), ("one", one)]}
+    cases = [
+        # (call, flagos arguments, the same arguments on the CPU)
+        (lambda t: t.tril_(), (x,), (cpu["x"].clone(),)),
+        # out= overlapping an input: ATen's overlap error, not the broadcast one
+        (lambda a, o: torch.mul(a, o[:2], out=o), (x, out), (cpu["x"], cpu["out"].clone())),
+        # an expanded self: "more than one element of the written-to tensor"
+        (lambda s, o: s.expand(4).add_(o), (one, x), (cpu["one"].clone(), cpu["x"])),
+    ]
     with python_kernels(kernels):
-        with pytest.raises(RuntimeError) as on_cpu:
-            saved[0].clone().tril_()
-        with pytest.raises(type(on_cpu.value), match=re.escape(str(on_cpu.value))):
-            x.tril_()
-        with pytest.raises(RuntimeError) as on_cpu:
-            torch.mul(saved[0], saved[1][:2], out=saved[1].clone())
-        with pytest.raises(type(on_cpu.value), match=re.escape(str(on_cpu.value))):
-            torch.mul(x, out[:2], out=out)
+        for call, args, cpu_args in cases:
+            expected = _raises_as_cpu(call, *cpu_args)
+            with pytest.raises(type(expected)) as got:
+                call(*args)
+            assert str(got.value) == str(expected)
         with pytest.warns(UserWarning, match="FlagGems' kernel for tril_ raised"):
             with pytest.raises(AssertionError, match="needs 2 dims"):
                 square.tril_()
-    for t, before in zip((x, out, square), saved):
-        assert torch.equal(t.cpu(), before)
-    assert kernels["tril_"].calls == 2 and kernels["mul.out"].calls == 1
+    for name, t in [("x", x), ("square", square), ("out", out), ("one", one)]:
+        assert torch.equal(t.cpu(), cpu[name]), name
+    assert [k.calls for k in kernels.values()] == [2, 1, 1]
+
+
+@pytest.mark.host_only
+def test_a_flaggems_kernel_out_of_memory_or_interrupted_is_raised_unchecked():
+    """Errors that are not about the arguments go to the caller as they are:
+    no native run, no warning."""
+    class Interrupt(BaseException):  # as KeyboardInterrupt: no Exception
+        pass
+
+    a, b = torch.randn(5, device="flagos"), torch.randn(5, device="flagos")
+    for error in (torch.OutOfMemoryError("FlagGems ran out"), Interrupt("stopped")):
+        def kernel(*args, **kwargs):
+            raise error
+        with python_kernels({"dot": kernel}):
+            torch_fl.routing.reset_stats()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(type(error), match=str(error)):
+                    torch.dot(a, b)
+            assert not [s for s in torch_fl.routing.stats() if s.op == "aten::dot"]
+
+
+@pytest.mark.host_only
+def test_a_seeded_flaggems_kernel_that_raises_leaves_the_generator_as_it_was():
+    x = torch.empty(64, device="flagos")
+    with python_kernels({"normal_": _raises(ValueError, "normal_ failed")}):
+        state = torch.flagos.get_rng_state()
+        with pytest.warns(UserWarning, match="FlagGems' kernel for normal_ raised"):
+            with pytest.raises(ValueError, match="normal_ failed"):
+                x.normal_()
+        assert torch.equal(torch.flagos.get_rng_state(), state)
