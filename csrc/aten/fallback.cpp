@@ -75,8 +75,11 @@ c10::DeviceIndex device_of_call(const OpPlan& plan, const torch::jit::Stack& sta
     at::Tensor state;
     ~RestoreRng() {
       if (!gen) return;
-      std::lock_guard<std::mutex> lock(gen->mutex());
-      gen->set_state(state);
+      try {
+        std::lock_guard<std::mutex> lock(gen->mutex());
+        gen->set_state(state);
+      } catch (...) {  // runs while an error unwinds: never a second exception
+      }
     }
   } rng;
   if (op.hasTag(at::Tag::nondeterministic_seeded)) {

@@ -4,6 +4,7 @@
 
 #include "aten/native_call.h"
 #include "aten/native_view.h"
+#include "aten/provider_error.h"
 #include "aten/python_provider.h"
 #include "runtime/device.h"
 
@@ -150,8 +151,11 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
   });
 }
 
-bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
-                          torch::jit::Stack* stack) {
+namespace {
+
+// run_native_on_copies' arguments: see native_provider.h. False where a
+// written argument has no storage, or a copy fails (memory).
+bool move_onto_storage_copies(const OpPlan& plan, torch::jit::Stack* stack) try {
   const size_t base = stack->size() - plan.num_arguments;
   c10::SmallVector<std::pair<const c10::StorageImpl*, at::Tensor>, 2> copies;  // bytes
   auto copy_of = [&](const at::Tensor& t) -> const at::Tensor* {
@@ -190,6 +194,16 @@ bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
                         return moved;
                       },
                       same_device);
+  return true;
+} catch (...) {
+  return false;
+}
+
+}  // namespace
+
+bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
+                          torch::jit::Stack* stack) {
+  if (!move_onto_storage_copies(plan, stack)) return false;
   run_native(op, plan, stack);
   return true;
 }
@@ -203,10 +217,14 @@ void run_python(const c10::OperatorHandle& op, const OpPlan& plan,
   const size_t base = stack->size() - plan.num_arguments;
   c10::SmallVector<c10::IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(base),
                                         stack->end());
+  bool returned = false;  // the kernel ran: what fails after it is torch_fl's mapping
   try {
-    with_native_views(op, plan, stack, /*python_kernel=*/true,
-                      [&] { invoke_python_kernel(kernel, op, stack); });
+    with_native_views(op, plan, stack, /*python_kernel=*/true, [&] {
+      invoke_python_kernel(kernel, op, stack);
+      returned = true;
+    });
   } catch (...) {
+    if (returned) rethrow_not_about_arguments(std::current_exception());
     stack->resize(base);
     stack->insert(stack->end(), std::make_move_iterator(args.begin()),
                   std::make_move_iterator(args.end()));

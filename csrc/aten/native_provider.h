@@ -22,7 +22,7 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 // one of them, written or read, moves onto its copy with the same geometry,
 // so the kernel sees the caller's aliasing (ATen checks overlap before shapes)
 // and the caller's memory keeps its values. False, with nothing run, where a
-// written argument has no storage to copy (a sparse tensor).
+// written argument has no storage to copy (a sparse tensor) or a copy fails.
 bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
                           torch::jit::Stack* stack);
 

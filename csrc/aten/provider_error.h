@@ -6,6 +6,7 @@
 // a FlagGems call has the native kernel check the call's arguments first
 // (fallback.cpp, check_natively).
 
+#include <exception>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -26,6 +27,12 @@ class ProviderError : public c10::Error, public NotAboutArguments {
   ProviderError(const c10::SourceLocation& where, std::string msg)
       : c10::Error(where, std::move(msg)) {}
 };
+
+// Rethrows `error`, raised after a provider's kernel returned (the stack holds
+// its results, not the call's arguments), with the mark: marked errors and
+// c10::OutOfMemoryError as they are, other c10::Errors and std::exceptions as
+// a ProviderError with their message, anything else as it is.
+[[noreturn]] void rethrow_not_about_arguments(std::exception_ptr error);
 
 }  // namespace torch_fl::aten
 

@@ -565,19 +565,19 @@ Ran capture(const c10::OperatorHandle& op, const aten::OpPlan& oplan, const OpDe
             int64_t python_kernel, torch::jit::Stack* stack, std::vector<c10::IValue>& args) {
   PythonSide* side = python_side();
   d.captured.fetch_add(1, std::memory_order_relaxed);
-  Capture cap = capture_of(*side, [&] { aten::run_python(op, oplan, stack, python_kernel); });
-  const size_t nret = oplan.num_returns;
-  std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(nret), stack->end());
-  // The call has its results: what fails from here on is not about its
-  // arguments, which the stack no longer holds (aten/provider_error.h).
+  bool returned = false;  // the wrapper ran: the stack holds its results
   try {
+    Capture cap = capture_of(*side, [&] {
+      aten::run_python(op, oplan, stack, python_kernel);
+      returned = true;
+    });
+    const size_t nret = oplan.num_returns;
+    std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(nret),
+                                     stack->end());
     learn_and_verify(d, args, cap, results, /*admit=*/true);
-  } catch (const aten::NotAboutArguments&) {
-    throw;
-  } catch (const c10::Error& e) {
-    FLAGOS_PROVIDER_CHECK(false, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    FLAGOS_PROVIDER_CHECK(false, e.what());
+  } catch (...) {
+    if (!returned) throw;
+    aten::rethrow_not_about_arguments(std::current_exception());
   }
   return Ran::kPython;
 }
