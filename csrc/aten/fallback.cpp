@@ -22,6 +22,7 @@
 #include <ATen/Context.h>
 #include <torch/library.h>
 
+#include "aten/call_copy.h"
 #include "aten/call_observer.h"
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
@@ -46,30 +47,20 @@ using routing::Backend;
               "shows the routes) or allow the fallback.");
 }
 
-// The flagos device a call runs on: its first flagos tensor's, else the
-// current one.
-c10::DeviceIndex device_of_call(const OpPlan& plan, const torch::jit::Stack& stack) {
-  const size_t base = stack.size() - plan.num_arguments;
-  for (const ArgSlot& slot : plan.slots) {
-    const c10::IValue& v = stack[base + slot.index];
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == runtime::kFlagos) {
-      return v.toTensor().device().index();
-    }
-  }
-  return runtime::current_device();
-}
-
 // FlagGems' kernels check fewer arguments than ATen's, and raise other
 // exception types or texts (AssertionError, "Unbroadcastable") for some they
 // do check. So where a FlagGems call raises, the native kernel takes the same
 // arguments (still on `stack`): for invalid ones it raises ATen's error, the
 // one a CUDA program sees; where it accepts them, the error is FlagGems' own
 // and is raised as it came, with a warning that names the way around it. The
-// native kernel writes copies of what the overload writes
-// (run_native_on_copies), and a seeded operator's generator gets its state
-// back, so this second run changes nothing the caller holds.
+// native kernel runs on copies of the arguments (copy_arguments: aliasing
+// kept, since ATen checks overlap before shapes), and a random operator's
+// generator gets its state back, so this second run changes nothing the
+// caller holds.
 [[noreturn]] void check_natively(const c10::OperatorHandle& op, const OpPlan& plan,
                                  torch::jit::Stack* stack, std::exception_ptr flaggems_error) {
+  const size_t base = stack->size() - plan.num_arguments;
+  const c10::IValue* args = stack->data() + base;
   struct RestoreRng {
     std::optional<at::Generator> gen;
     at::Tensor state;
@@ -82,14 +73,23 @@ c10::DeviceIndex device_of_call(const OpPlan& plan, const torch::jit::Stack& sta
       }
     }
   } rng;
-  if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+  if (is_random(op, plan, args)) {
     // FlagGems' random kernels draw from the default generator (an explicit
     // one sends the call to the native kernel: flaggems_declines).
-    rng.gen = runtime::default_generator(device_of_call(plan, *stack));
+    rng.gen = runtime::default_generator(call_device(plan, args));
     std::lock_guard<std::mutex> lock(rng.gen->mutex());
     rng.state = rng.gen->get_state();
   }
-  if (!run_native_on_copies(op, plan, stack)) std::rethrow_exception(flaggems_error);
+  std::vector<c10::IValue> copies;
+  try {
+    copies = copy_arguments(plan, args, CopyTarget::kFlagos);
+  } catch (...) {  // no memory for the copies: FlagGems' error stands, unchecked
+    std::rethrow_exception(flaggems_error);
+  }
+  stack->resize(base);
+  stack->insert(stack->end(), std::make_move_iterator(copies.begin()),
+                std::make_move_iterator(copies.end()));
+  run_native(op, plan, stack);  // ATen's own argument checks: raises for invalid ones
   const std::string key = op_key(op.operator_name());
   TORCH_WARN("flagos: FlagGems' kernel for ", key, " raised the error that follows, and the ",
              runtime::driver().name(), " driver's native kernel accepts the same arguments. To run ",

@@ -1,7 +1,5 @@
 #include "aten/native_provider.h"
 
-#include <ATen/ops/empty.h>
-
 #include "aten/native_call.h"
 #include "aten/native_view.h"
 #include "aten/provider_error.h"
@@ -149,63 +147,6 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
           "' driver. Native error: ", e.what_without_backtrace());
     }
   });
-}
-
-namespace {
-
-// run_native_on_copies' arguments: see native_provider.h. False where a
-// written argument has no storage, or a copy fails (memory).
-bool move_onto_storage_copies(const OpPlan& plan, torch::jit::Stack* stack) try {
-  const size_t base = stack->size() - plan.num_arguments;
-  c10::SmallVector<std::pair<const c10::StorageImpl*, at::Tensor>, 2> copies;  // bytes
-  auto copy_of = [&](const at::Tensor& t) -> const at::Tensor* {
-    for (const auto& [impl, bytes] : copies) {
-      if (impl == t.storage().unsafeGetStorageImpl()) return &bytes;
-    }
-    return nullptr;
-  };
-  bool copyable = true;
-  c10::SmallVector<c10::IValue, 4> originals;
-  auto same_device = [](c10::Device d) { return d; };
-  translate_arguments(plan, stack, base, originals,
-                      [&](const at::Tensor& t, bool is_write, bool) {
-                        if (!is_write || !t.defined()) return t;
-                        if (!t.has_storage()) {
-                          copyable = false;
-                        } else if (copy_of(t) == nullptr) {
-                          const c10::Storage& s = t.storage();
-                          at::Tensor bytes = at::empty({0}, t.options().dtype(at::kByte));
-                          bytes.set_(s, 0, {static_cast<int64_t>(s.nbytes())}, {1});
-                          copies.emplace_back(s.unsafeGetStorageImpl(), bytes.clone());
-                        }
-                        return t;
-                      },
-                      same_device);
-  if (!copyable) return false;
-  translate_arguments(plan, stack, base, originals,
-                      [&](const at::Tensor& t, bool, bool) {
-                        const at::Tensor* bytes =
-                            t.defined() && t.has_storage() ? copy_of(t) : nullptr;
-                        if (bytes == nullptr) return t;
-                        at::Tensor moved = at::empty({0}, t.options());
-                        moved.set_(bytes->storage(), t.storage_offset(), t.sizes(), t.strides());
-                        if (t.is_conj()) moved = moved._conj();
-                        if (t.is_neg()) moved = moved._neg_view();
-                        return moved;
-                      },
-                      same_device);
-  return true;
-} catch (...) {
-  return false;
-}
-
-}  // namespace
-
-bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
-                          torch::jit::Stack* stack) {
-  if (!move_onto_storage_copies(plan, stack)) return false;
-  run_native(op, plan, stack);
-  return true;
 }
 
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,

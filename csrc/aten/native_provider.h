@@ -17,15 +17,6 @@ namespace torch_fl::aten {
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack);
 
-// run_native for a check of the call's arguments (fallback.cpp): the kernel
-// writes copies of the storages the overload writes, and every argument over
-// one of them, written or read, moves onto its copy with the same geometry,
-// so the kernel sees the caller's aliasing (ATen checks overlap before shapes)
-// and the caller's memory keeps its values. False, with nothing run, where a
-// written argument has no storage to copy (a sparse tensor) or a copy fails.
-bool run_native_on_copies(const c10::OperatorHandle& op, const OpPlan& plan,
-                          torch::jit::Stack* stack);
-
 // The `flaggems` provider: the operator's Python kernel (registered by the
 // Python layer, see python_provider.h) runs on native views, exactly like a
 // native kernel would, so it sees CUDA tensors on the current CUDA stream.
