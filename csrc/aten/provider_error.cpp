@@ -1,5 +1,7 @@
 #include "aten/provider_error.h"
 
+#include "aten/call_copy.h"
+
 namespace torch_fl::aten {
 
 NotAboutArguments::~NotAboutArguments() = default;
@@ -11,10 +13,8 @@ void rethrow_not_about_arguments(std::exception_ptr error) {
     throw;
   } catch (const c10::OutOfMemoryError&) {
     throw;
-  } catch (const c10::Error& e) {
-    FLAGOS_PROVIDER_CHECK(false, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    FLAGOS_PROVIDER_CHECK(false, e.what());
+    FLAGOS_PROVIDER_CHECK(false, error_text(e));
   }
 }
 

@@ -37,10 +37,10 @@ class ProviderError : public c10::Error, public NotAboutArguments {
 }  // namespace torch_fl::aten
 
 // TORCH_CHECK's form for errors that are not about the call's arguments.
-#define FLAGOS_PROVIDER_CHECK(cond, ...)                                               \
-  do {                                                                                 \
-    if (C10_UNLIKELY(!(cond))) {                                                       \
-      throw ::torch_fl::aten::ProviderError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, \
-                                            ::c10::str(__VA_ARGS__));                   \
-    }                                                                                  \
+#define FLAGOS_PROVIDER_CHECK(cond, ...)                                              \
+  do {                                                                                \
+    if (C10_UNLIKELY(!(cond))) {                                                      \
+      throw ::torch_fl::aten::ProviderError(                                          \
+          {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, ::c10::str(__VA_ARGS__)); \
+    }                                                                                 \
   } while (false)

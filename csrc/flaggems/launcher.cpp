@@ -104,8 +104,8 @@ void launch_all(const OpDesc& d, c10::DeviceIndex device, CallPlan& p, Prepared*
     void* f = k->function_for(device, d.aten);
     const char* err = cuda::launch(device, f, p.launches[i].grid, k->binary.num_warps,
                                    k->binary.shared, prep[i].packed.params);
-    FLAGOS_PROVIDER_CHECK(err == nullptr, "flagos: launching FlagGems kernel ", k->binary.name, " for ",
-                d.aten, " failed: ", err);
+    FLAGOS_PROVIDER_CHECK(err == nullptr, "flagos: launching FlagGems kernel ", k->binary.name,
+                          " for ", d.aten, " failed: ", err);
   }
   if (p.post) p.post(p);
 }

@@ -52,7 +52,8 @@ const PointwiseOp kAddInplace{&add_func, nullptr, {0, 1, 2}, 3, true};
 const PointwiseOp kSub{&sub_func, nullptr, {0, 1, 2}, 3};
 const PointwiseOp kSubInplace{&sub_func, nullptr, {0, 1, 2}, 3, true};
 const PointwiseOp kNeg{.fn = &neg_func, .args = {0}, .nargs = 1, .refuses_bool = true};
-const PointwiseOp kNegInplace{.fn = &neg_func, .args = {0}, .nargs = 1, .inplace = true, .refuses_bool = true};
+const PointwiseOp kNegInplace{
+    .fn = &neg_func, .args = {0}, .nargs = 1, .inplace = true, .refuses_bool = true};
 const PointwiseOp kRsqrt{&rsqrt_func, nullptr, {0}, 1};
 const PointwiseOp kRsqrtInplace{&rsqrt_func, nullptr, {0}, 1, true};
 const PointwiseOp kSilu{&silu_func, nullptr, {0}, 1};
