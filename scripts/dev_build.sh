@@ -2,12 +2,18 @@
 # Developer loop: incremental build into build/dev and copy the binaries into
 # the source tree, so that PYTHONPATH=. imports the fresh torch_fl. Not used
 # by the README commands (they install the package properly).
+# FLAGOS_PGO_STEP=generate|use builds that step of a profile-guided build
+# (cmake/pgo.cmake; scripts/pgo_build.sh runs the steps); unset, a plain build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+pgo=${FLAGOS_PGO_STEP:-}
+cached=$(sed -n 's/^FLAGOS_PGO:STRING=//p' build/dev/CMakeCache.txt 2>/dev/null || true)
 if [ ! -f build/dev/build.ninja ]; then
   cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DPython_EXECUTABLE="$PY" ${CMAKE_ARGS:-}
+    -DPython_EXECUTABLE="$PY" "-DFLAGOS_PGO=$pgo" ${CMAKE_ARGS:-}
+elif [ "$cached" != "$pgo" ]; then
+  cmake -S . -B build/dev "-DFLAGOS_PGO=$pgo"
 fi
 ninja -C build/dev
 cp build/dev/_C*.so torch_fl/

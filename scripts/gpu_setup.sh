@@ -18,7 +18,10 @@ export GEMS_VENDOR=nvidia  # flag_gems' vendor on these machines
   if declare -F gpu_env_extra >/dev/null; then gpu_env_extra; fi; nproc; } 2>&1 | tee "$OUT/env.txt"
 
 build_start=$(date +%s)
-if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" scripts/dev_build.sh > "$OUT/build.log" 2>&1; then
+# A plain build, as scripts/bootstrap.sh makes by default; GPU_PGO=1 builds profile-guided, as
+# FLAGOS_PGO=1 does there.
+if [ "${GPU_PGO:-0}" = 1 ]; then build=(scripts/pgo_build.sh dev "$(command -v python3)"); else build=(scripts/dev_build.sh); fi
+if ! PYTHON=python3 CMAKE_ARGS="-DFLAGOS_CUDA=ON" bash "${build[@]}" > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -40
   exit 1
 fi
