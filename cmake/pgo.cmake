@@ -21,7 +21,7 @@ elseif(NOT FLAGOS_PGO MATCHES "^(generate|use)$")
   message(FATAL_ERROR "FLAGOS_PGO='${FLAGOS_PGO}': valid values are generate, use, or empty (off)")
 elseif(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   message(FATAL_ERROR "FLAGOS_PGO=${FLAGOS_PGO} needs GCC; this build uses ${CMAKE_CXX_COMPILER_ID}. "
-                      "Leave FLAGOS_PGO empty for other compilers.")
+                      "Set CXX to a g++, or leave FLAGOS_PGO empty (scripts/bootstrap.sh: FLAGOS_PGO=0).")
 elseif(CMAKE_CXX_COMPILER_VERSION VERSION_LESS 10)
   message(FATAL_ERROR "FLAGOS_PGO=${FLAGOS_PGO} needs GCC 10 or later (-fprofile-partial-training); "
                       "this is GCC ${CMAKE_CXX_COMPILER_VERSION}")

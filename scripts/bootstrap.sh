@@ -21,24 +21,17 @@ fi
 # FLAGOS_PGO=1: a profile-guided build (scripts/pgo_build.sh; GCC 10 or later), about twice the
 # build time for about one hundredth off the per-op ratios (docs/benchmarks.md). Either build
 # is skipped when the environment holds one made from the same inputs (the stamp below; in a
-# git checkout only); FLAGOS_REBUILD=1 builds regardless.
+# git checkout only); FLAGOS_REBUILD=1 builds regardless. cmake/pgo.cmake refuses a compiler
+# that cannot profile, naming it.
 pgo=${FLAGOS_PGO:-0}
-if [ "$pgo" = 1 ]; then
-  defines=$(${CXX:-c++} -dM -E -x c++ /dev/null 2>/dev/null || true)
-  if ! grep -q __GNUC__ <<< "$defines" || grep -q __clang__ <<< "$defines"; then
-    echo "[bootstrap] FLAGOS_PGO=1 needs GCC; ${CXX:-c++} is not GCC. Set CXX to a g++, or FLAGOS_PGO=0" >&2
-    exit 2
-  fi
-fi
 stamp_file="$VENV/.torch_fl_build"
 stamp=""
 if [ "${FLAGOS_REBUILD:-0}" != 1 ] && git -C "$ROOT" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
-  # Every input of the build: the sources that go into the wheel, this script, the compiler and
-  # CMake settings of the environment, whether nvcc is there (FLAGOS_CUDA=AUTO), torch's version.
-  sources=$( (cd "$ROOT" && git ls-files -co --exclude-standard -z -- csrc cmake CMakeLists.txt \
-               pyproject.toml torch_fl torch_fl_autoload.py scripts/bootstrap.sh scripts/pgo_build.sh \
-               scripts/pgo_workload.py | xargs -0 -r sha256sum 2>/dev/null) | sha256sum | cut -c1-16) ||
-    sources=""
+  # Every input of the build: the checkout but for what no build reads (so a new file counts
+  # until excluded here), the compiler and CMake settings of the environment, whether nvcc is
+  # there (FLAGOS_CUDA=AUTO), torch's version.
+  sources=$( (cd "$ROOT" && git ls-files -co --exclude-standard -z -- . ':!docs' ':!tests' ':!bench' \
+               ':!examples' | xargs -0 -r sha256sum 2>/dev/null) | sha256sum | cut -c1-16) || sources=""
   torch_version=$("$PY" -m pip show torch 2>/dev/null | sed -n 's/^Version: //p') || torch_version=""
   if [ -n "$sources" ]; then
     stamp="pgo=$pgo torch=$torch_version sources=$sources cxx=${CXX:-} cc=${CC:-} cmake_args=${CMAKE_ARGS:-}"
@@ -48,14 +41,15 @@ fi
 if [ -n "$stamp" ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] &&
    "$PY" -m pip show -q torch_fl > /dev/null 2>&1; then
   echo "[bootstrap] torch_fl is installed from these sources already"
-elif [ "$pgo" = 1 ]; then
-  echo "[bootstrap] building and installing torch_fl (profile-guided)"
-  rm -f "$stamp_file"
-  bash "$ROOT/scripts/pgo_build.sh" pip "$PY"
 else
-  echo "[bootstrap] building and installing torch_fl"
   rm -f "$stamp_file"
-  "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$ROOT"
+  if [ "$pgo" = 1 ]; then
+    echo "[bootstrap] building and installing torch_fl (profile-guided)"
+    bash "$ROOT/scripts/pgo_build.sh" pip "$PY"
+  else
+    echo "[bootstrap] building and installing torch_fl"
+    "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$ROOT"
+  fi
+  if [ -n "$stamp" ]; then echo "$stamp" > "$stamp_file"; fi
 fi
-if [ -n "$stamp" ]; then echo "$stamp" > "$stamp_file"; fi
 export PATH="$VENV/bin:$PATH"
