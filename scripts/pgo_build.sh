@@ -30,7 +30,7 @@ build() {  # the step: generate or use
 if [ "$mode" = dev ] && grep -qx 'FLAGOS_PGO:STRING=use' "$ROOT/build/dev/CMakeCache.txt" 2>/dev/null &&
    ninja -C "$ROOT/build/dev" -n 2>/dev/null | grep -q "no work to do"; then
   echo "[pgo] build/dev is a profile-guided build of these sources already"
-  FLAGOS_PGO_STEP=use PYTHON="$PY" bash "$ROOT/scripts/dev_build.sh"  # copies its binaries back
+  build use  # nothing to compile: copies the binaries back
   exit 0
 fi
 echo "[pgo] instrumented build"
