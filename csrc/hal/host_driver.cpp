@@ -1,5 +1,6 @@
 #include "hal/host_driver.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -129,9 +130,12 @@ void HostDriver::deallocate(int device, void* ptr, size_t nbytes) noexcept {
 }
 
 MemoryInfo HostDriver::memoryInfo(int device) const {
-  size_t total = capacity_ ? *capacity_ : physical_memory();
-  size_t used = devices_[device]->used.load();
-  return {used >= total ? 0 : total - used, total};
+  const size_t total = capacity_ ? *capacity_ : physical_memory();
+  const size_t used = devices_[device]->used.load();
+  // Free memory is also what the machine can still give: as a GPU's free
+  // memory counts every process on it, other processes, the page cache the
+  // kernel cannot reclaim and cgroup limits count here.
+  return {std::min(used >= total ? 0 : total - used, system_available_memory()), total};
 }
 
 bool HostDriver::memoryIsShort(int /*device*/, size_t nbytes) const {

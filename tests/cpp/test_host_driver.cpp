@@ -164,8 +164,21 @@ TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
   override_available_memory(std::nullopt);
 }
 
+TEST(HostDriver, FreeMemoryIsNoMoreThanTheMachineCanGive) {
+  using torch_fl::hal::override_available_memory;
+  override_available_memory(size_t(8) << 20);
+  EXPECT_EQ(HostDriver(1, std::nullopt).memoryInfo(0).free_bytes, size_t(8) << 20);
+  EXPECT_EQ(HostDriver(1, size_t(1) << 30).memoryInfo(0).free_bytes, size_t(8) << 20);
+  HostDriver small(1, size_t(1) << 20);  // a capacity below the machine's free memory
+  EXPECT_EQ(small.memoryInfo(0).free_bytes, size_t(1) << 20);
+  EXPECT_EQ(small.memoryInfo(0).total_bytes, size_t(1) << 20);
+  override_available_memory(std::nullopt);
+}
+
 TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
   HostDriver d(1, std::nullopt);
+  // The machine's free memory moves with other processes: held still here.
+  torch_fl::hal::override_available_memory(SIZE_MAX);
   for (size_t n : {size_t(1) << 20, (size_t(3) << 20) + 123}) {
     auto* p = static_cast<unsigned char*>(d.allocate(0, n));
     ASSERT_NE(p, nullptr);
@@ -175,6 +188,7 @@ TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
     EXPECT_EQ(d.memoryInfo(0).total_bytes - d.memoryInfo(0).free_bytes, n);
     d.deallocate(0, p, n);
   }
+  torch_fl::hal::override_available_memory(std::nullopt);
 }
 
 TEST(SystemMemory, ReadsMemAvailable) {

@@ -437,8 +437,32 @@ def test_mem_get_info_reports_free_and_total():
     t = torch.empty(4 * MiB, dtype=torch.uint8, device="flagos")
     free2, total2 = torch.flagos.mem_get_info()
     assert total2 == total
-    assert free2 <= free
+    if torch_fl.driver() != "cuda":
+        # The machine's own figure moves with other processes: hold it still.
+        torch_fl._C._override_available_memory(2**62)
+        try:
+            free2 = torch.flagos.mem_get_info()[0]
+            big = torch.empty(16 * MiB, dtype=torch.uint8, device="flagos")
+            assert torch.flagos.mem_get_info()[0] <= free2 - 16 * MiB
+            del big
+        finally:
+            torch_fl._C._override_available_memory(-1)
+    assert free2 <= total
     del t
+
+
+@pytest.mark.skipif(torch_fl.driver() == "cuda", reason="the host driver's memory")
+def test_free_memory_is_no_more_than_the_machine_can_give():
+    # Host memory is the machine's: other processes and cgroup limits take from
+    # it, as other processes take from a GPU's free memory.
+    torch_fl._C._override_available_memory(3 * MiB)
+    try:
+        free, total = torch.flagos.mem_get_info()
+        assert (free, total) == (3 * MiB, torch.flagos.mem_get_info()[1])
+        assert torch.accelerator.get_memory_info(0)[0] == 3 * MiB
+        assert torch.flagos.get_device_properties(0).total_memory == total
+    finally:
+        torch_fl._C._override_available_memory(-1)
 
 
 def test_memory_functions_reject_bad_device():
