@@ -50,7 +50,12 @@ run_group() {  # name, then pytest arguments
 }
 wait_groups() {
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  for f in "$OUT/$group"_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done | tee "$OUT/$group.txt"
+  # pytest's summary line; a warning printed at exit (CUDA IPC's) may come after it.
+  local f line
+  for f in "$OUT/$group"_*.log; do
+    line=$(grep -E '(passed|failed|error|skipped|deselected).* in [0-9.]+s' "$f" | tail -n 1) || true
+    echo "$(basename "$f" .log): ${line:-$(tail -n 1 "$f")}"
+  done | tee "$OUT/$group.txt"
 }
 
 rc=0
