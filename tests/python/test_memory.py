@@ -459,8 +459,8 @@ def test_free_memory_is_no_more_than_the_machine_can_give():
     torch_fl._C._override_available_memory(3 * MiB)
     try:
         free, total = torch.flagos.mem_get_info()
-        assert (free, total) == (3 * MiB, torch.flagos.mem_get_info()[1])
-        assert torch.accelerator.get_memory_info(0)[0] == 3 * MiB
+        assert free == 3 * MiB < total
+        assert torch.accelerator.get_memory_info(0) == (free, total)
         assert torch.flagos.get_device_properties(0).total_memory == total
     finally:
         torch_fl._C._override_available_memory(-1)
