@@ -17,6 +17,16 @@ using torch_fl::hal::CopyKind;
 using torch_fl::hal::Error;
 using torch_fl::hal::HostDriver;
 
+namespace {
+// Holds what the machine reports as available (system_available_memory) at
+// the bytes given, until the test ends, however it ends.
+struct MachineMemory {
+  explicit MachineMemory(size_t bytes) { set(bytes); }
+  ~MachineMemory() { torch_fl::hal::override_available_memory(std::nullopt); }
+  void set(size_t bytes) { torch_fl::hal::override_available_memory(bytes); }
+};
+}  // namespace
+
 TEST(HostDriver, CountsDevicesAndTracksCurrentPerThread) {
   HostDriver d(3, std::nullopt);
   EXPECT_EQ(d.deviceCount(), 3);
@@ -151,34 +161,29 @@ TEST(HostDriver, EventOfOneDeviceCannotBeRecordedOnAnother) {
 // Without a capacity, the host driver's allocations succeed until the OOM
 // killer strikes: it tells the caching allocator when the machine is short.
 TEST(HostDriver, MemoryIsShortWhenTheMachineHasLessThanAsked) {
-  using torch_fl::hal::override_available_memory;
   HostDriver d(1, std::nullopt);
-  override_available_memory(size_t(8) << 20);
+  MachineMemory machine(size_t(8) << 20);
   EXPECT_FALSE(d.memoryIsShort(0, size_t(8) << 20));
   EXPECT_TRUE(d.memoryIsShort(0, (size_t(8) << 20) + 1));
-  override_available_memory(size_t(0));
+  machine.set(0);
   EXPECT_TRUE(d.memoryIsShort(0, 1));
   // A capacity larger than the machine does not hide a short machine.
   HostDriver capped(1, size_t(1) << 40);
   EXPECT_TRUE(capped.memoryIsShort(0, size_t(1) << 20));
-  override_available_memory(std::nullopt);
 }
 
 TEST(HostDriver, FreeMemoryIsNoMoreThanTheMachineCanGive) {
-  using torch_fl::hal::override_available_memory;
-  override_available_memory(size_t(8) << 20);
+  MachineMemory machine(size_t(8) << 20);
   EXPECT_EQ(HostDriver(1, std::nullopt).memoryInfo(0).free_bytes, size_t(8) << 20);
   EXPECT_EQ(HostDriver(1, size_t(1) << 30).memoryInfo(0).free_bytes, size_t(8) << 20);
   HostDriver small(1, size_t(1) << 20);  // a capacity below the machine's free memory
   EXPECT_EQ(small.memoryInfo(0).free_bytes, size_t(1) << 20);
   EXPECT_EQ(small.memoryInfo(0).total_bytes, size_t(1) << 20);
-  override_available_memory(std::nullopt);
 }
 
 TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
   HostDriver d(1, std::nullopt);
-  // The machine's free memory moves with other processes: held still here.
-  torch_fl::hal::override_available_memory(SIZE_MAX);
+  MachineMemory machine(SIZE_MAX);  // the machine's figure moves with other processes
   for (size_t n : {size_t(1) << 20, (size_t(3) << 20) + 123}) {
     auto* p = static_cast<unsigned char*>(d.allocate(0, n));
     ASSERT_NE(p, nullptr);
@@ -188,7 +193,6 @@ TEST(HostDriver, LargeBlocksAreMappedAndWritable) {
     EXPECT_EQ(d.memoryInfo(0).total_bytes - d.memoryInfo(0).free_bytes, n);
     d.deallocate(0, p, n);
   }
-  torch_fl::hal::override_available_memory(std::nullopt);
 }
 
 TEST(SystemMemory, ReadsMemAvailable) {

@@ -1,5 +1,6 @@
 """The flagos caching allocator: statistics, caching, OOM, pinned host memory."""
 
+import contextlib
 import gc
 import re
 
@@ -16,6 +17,16 @@ pytestmark = pytest.mark.usefixtures("oom_run")
 
 def allocated(device=None):
     return torch.flagos.memory_allocated(device)
+
+
+@contextlib.contextmanager
+def machine_memory(nbytes):
+    """The host driver reads `nbytes` as the machine's available memory, inside."""
+    torch_fl._C._override_available_memory(nbytes)
+    try:
+        yield
+    finally:
+        torch_fl._C._override_available_memory(-1)
 
 
 def nbytes(t):
@@ -254,13 +265,12 @@ def test_cache_goes_back_before_a_new_block_when_the_machine_is_short():
     del cached
     assert torch.flagos.memory_reserved() >= 4 * MiB
     retries = torch.flagos.memory_stats()["num_alloc_retries"]
-    try:
-        torch_fl._C._override_available_memory(64 * MiB)  # room: the cache stays
+    with machine_memory(64 * MiB):  # room: the cache stays
         a = torch.empty(8 * MiB, dtype=torch.uint8, device="flagos")
         assert torch.flagos.memory_reserved() >= 12 * MiB
         assert torch.flagos.memory_stats()["num_alloc_retries"] == retries
         del a  # two blocks cached now
-        torch_fl._C._override_available_memory(1 * MiB)  # short: the cache goes back
+    with machine_memory(1 * MiB):  # short: the cache goes back
         b = torch.empty(16 * MiB, dtype=torch.uint8, device="flagos")
         assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
         assert torch.flagos.memory_stats()["num_alloc_retries"] == retries + 1
@@ -270,8 +280,6 @@ def test_cache_goes_back_before_a_new_block_when_the_machine_is_short():
         small = torch.empty(1000, device="flagos")
         assert torch.flagos.memory_stats()["num_alloc_retries"] == retries + 1
         del b, small
-    finally:
-        torch_fl._C._override_available_memory(-1)
 
 
 def test_memory_stats_keys_and_consistency():
@@ -437,33 +445,27 @@ def test_mem_get_info_reports_free_and_total():
     t = torch.empty(4 * MiB, dtype=torch.uint8, device="flagos")
     free2, total2 = torch.flagos.mem_get_info()
     assert total2 == total
-    if torch_fl.driver() != "cuda":
-        # The machine's own figure moves with other processes: hold it still.
-        torch_fl._C._override_available_memory(2**62)
-        try:
-            torch.flagos.empty_cache()  # so that the next block comes from the machine
-            free2 = torch.flagos.mem_get_info()[0]
-            big = torch.empty(16 * MiB, dtype=torch.uint8, device="flagos")
-            assert torch.flagos.mem_get_info()[0] <= free2 - 16 * MiB
-            del big
-        finally:
-            torch_fl._C._override_available_memory(-1)
     assert free2 <= total
     del t
+    if torch_fl.driver() != "cuda":
+        # The machine's own figure moves with other processes: held still here.
+        with machine_memory(2**62):
+            torch.flagos.empty_cache()  # so that the next block comes from the machine
+            before = torch.flagos.mem_get_info()[0]
+            big = torch.empty(16 * MiB, dtype=torch.uint8, device="flagos")
+            assert torch.flagos.mem_get_info()[0] <= before - 16 * MiB
+            del big
 
 
 @pytest.mark.skipif(torch_fl.driver() == "cuda", reason="the host driver's memory")
 def test_free_memory_is_no_more_than_the_machine_can_give():
     # Host memory is the machine's: other processes and cgroup limits take from
     # it, as other processes take from a GPU's free memory.
-    torch_fl._C._override_available_memory(3 * MiB)
-    try:
+    with machine_memory(3 * MiB):
         free, total = torch.flagos.mem_get_info()
         assert free == 3 * MiB < total
         assert torch.accelerator.get_memory_info(0) == (free, total)
         assert torch.flagos.get_device_properties(0).total_memory == total
-    finally:
-        torch_fl._C._override_available_memory(-1)
 
 
 def test_memory_functions_reject_bad_device():
