@@ -112,6 +112,10 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const std::optional<at::Tensor>& mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
   const bool has_mask = mask.has_value() && mask->defined();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !q.is_nested() && !k.is_nested() && !v.is_nested(),
+      "scaled_dot_product_attention: nested (torch.nested) inputs on flagos are not supported. "
+      "Pad them into one tensor (.to_padded_tensor(padding)) and pass the padding as attn_mask.");
   // Eager calls on real tensors (every decode step) show the selector the
   // cached views; tracing and inputs that need grad, shells.
   const bool views_ok =

@@ -255,6 +255,25 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   route_planned(op, plan_for(op), stack);
 }
 
+void nested_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                           torch::jit::Stack* stack) {
+  OpPlan& plan = plan_for(op);
+  if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
+    routing::resolve(op, plan);
+  }
+  Backend backend = plan.backend.load(std::memory_order_relaxed);
+  // FlagGems has no kernels for nested tensors: such a call runs natively and
+  // counts there, as the calls FlagGems declines do.
+  if (backend == Backend::kFlagGems) backend = Backend::kNative;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !(backend == Backend::kCpu && runtime::uses_cuda()), "flagos: ", plan.name,
+      " is routed to 'cpu', which copies dense tensors only: a nested flagos tensor cannot take "
+      "it. Route it to the native kernels (docs/routing.md: FLAGOS_OP_<op>=native), or pad the "
+      "nested tensor into one (.to_padded_tensor(padding)).");
+  count_call(plan, {backend, false});
+  run_native_nested(op, plan, stack);
+}
+
 Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
                     torch::jit::Stack* stack, int64_t python_kernel, const void* flaggems_desc) {
   return run_on(op, plan, backend, stack, python_kernel, flaggems_desc);

@@ -18,10 +18,17 @@ void NativeCall::finish_arguments() {
     return;
   }
   // A non-flagos tensor among flagos arguments is accepted where CUDA accepts
-  // one among CUDA arguments: a 0-dim CPU scalar, or an index in a Tensor?[]
-  // list.
+  // one among CUDA arguments: a 0-dim CPU scalar, an index in a Tensor?[]
+  // list, or a nested tensor's metadata (sizes, strides, offsets: CPU tensors
+  // on every device) given to an operator of the nested family
+  // (_nested_from_padded in the backward of to_padded_tensor), whose kernel
+  // checks its arguments itself.
   for (const auto& [t, index_list] : foreign_) {
     if (index_list || (t->device_type() == c10::DeviceType::CPU && t->dim() == 0)) continue;
+    if (t->device_type() == c10::DeviceType::CPU &&
+        op_.schema().name().starts_with("aten::_nested_")) {
+      continue;
+    }
     TORCH_CHECK(false,
                 "Expected all tensors to be on the same device, but found at least two "
                 "devices, ", c10::Device(runtime::kFlagos, device_), " and ", t->device(),

@@ -83,18 +83,46 @@ void translate_results(const OpPlan& plan, torch::jit::Stack* stack, Map&& map) 
   }
 }
 
+// A flagos tensor argument's native view (NativeCall::arg, written_arg), and
+// a result's flagos tensor (NativeCall::result).
+struct DenseTensors {
+  at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
+                        bool index_list) const {
+    return is_write ? call.written_arg(t) : call.arg(t, index_list);
+  }
+  at::Tensor result(NativeCall& call, const at::Tensor& r) const { return call.result(r); }
+};
+
+// The same, and nested tensors: an argument's native twin
+// (NativeCall::nested_arg), a result's flagos tensor (nested_result).
+struct NestedTensors {
+  std::vector<at::Tensor>& buffers;
+
+  at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
+                        bool index_list) const {
+    if (t.defined() && t.is_nested() && t.device().type() == kFlagos) {
+      return call.nested_arg(t, buffers);
+    }
+    return DenseTensors{}(call, t, is_write, index_list);
+  }
+  at::Tensor result(NativeCall& call, const at::Tensor& r) const {
+    return r.defined() && r.is_nested() ? call.nested_result(r) : call.result(r);
+  }
+};
+
 // Runs `kernel` with every flagos argument on the stack replaced by its
 // native view, then maps results and written arguments back (NativeCall).
-template <typename Kernel>
+template <typename Kernel, typename Tensors = DenseTensors>
 void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
-                       torch::jit::Stack* stack, bool python_kernel, Kernel&& kernel) {
+                       torch::jit::Stack* stack, bool python_kernel, Kernel&& kernel,
+                       Tensors&& tensors = {}) {
   const size_t base = stack->size() - plan.num_arguments;
   c10::SmallVector<c10::IValue, 4> originals;
   NativeCall call(op, python_kernel);
   translate_arguments(
       plan, stack, base, originals,
       [&](const at::Tensor& t, bool is_write, bool index_list) {
-        return is_write ? call.written_arg(t) : call.arg(t, index_list);
+        return tensors(call, t, is_write, index_list);
       },
       [&](c10::Device d) { return call.device_arg(d); });
   call.finish_arguments();
@@ -107,7 +135,7 @@ void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
   }
   call.run(kernel);
   call.sync_written();
-  translate_results(plan, stack, [&](const at::Tensor& r) { return call.result(r); });
+  translate_results(plan, stack, [&](const at::Tensor& r) { return tensors.result(call, r); });
 }
 
 // The device the cpu round trip runs for, as the native path finds it.
@@ -147,6 +175,29 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
           "' driver. Native error: ", e.what_without_backtrace());
     }
   });
+}
+
+void run_native_nested(const c10::OperatorHandle& op, const OpPlan& plan,
+                       torch::jit::Stack* stack) {
+  static const c10::DispatchKeySet nested_keys(NativeViews::native_type() == c10::kCUDA
+                                                   ? c10::DispatchKey::NestedTensorCUDA
+                                                   : c10::DispatchKey::NestedTensorCPU);
+  std::vector<at::Tensor> buffers;
+  with_native_views(
+      op, plan, stack, /*python_kernel=*/false,
+      [&] {
+        try {
+          op.redispatchBoxed(nested_keys, stack);
+        } catch (c10::NotImplementedError& e) {
+          TORCH_CHECK_NOT_IMPLEMENTED(
+              false, op.schema().operator_name(), ": nested tensors on flagos run the ",
+              c10::DeviceTypeName(NativeViews::native_type()),
+              " kernels for nested tensors, and there is none for this operator. Pad them into "
+              "one tensor (.to_padded_tensor(padding)) first. Native error: ",
+              e.what_without_backtrace());
+        }
+      },
+      NestedTensors{buffers});
 }
 
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,

@@ -305,14 +305,9 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
     // returned as it is, as the native op would.
     return native;
   }
-  // Nor a nested tensor's offsets: adopting its buffer would hand back a
-  // dense tensor with none of its sizes.
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !native.is_nested(), "a kernel returned a nested tensor, but flagos tensors are not nested. "
-      "nn.TransformerEncoder makes one in eval mode under torch.no_grad() when given a "
-      "src_key_padding_mask: build it with enable_nested_tensor=False. Elsewhere, keep nested "
-      "tensors on the CPU, or pad them into one tensor (.to_padded_tensor(padding)) before "
-      "moving them to flagos.");
+  // A nested result (the transformer fast path's _nested_tensor_from_mask):
+  // adopting its buffer alone would lose its sizes.
+  if (C10_UNLIKELY(native.is_nested())) return nested_to_flagos(native, device);
   // A flagos TensorImpl cannot carry a quantizer: adopting the memory would
   // hand back a tensor of a quantized dtype that is not quantized.
   TORCH_CHECK_NOT_IMPLEMENTED(!native.is_quantized(), "a kernel returned a quantized tensor (",

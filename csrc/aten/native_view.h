@@ -9,6 +9,8 @@
 // storage get native views that share one native storage, so aliasing between
 // arguments survives the trip, and results are mapped back by storage.
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
@@ -52,6 +54,16 @@ class NativeViews {
   // storage when it aliases one, else the result's memory adopted (or, memory
   // flagos did not allocate, copied) onto flagos device `device`.
   at::Tensor to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+
+  // A nested flagos tensor's native twin: a nested tensor of the native device
+  // over the native view of its buffer (view_of), with the same sizes, strides
+  // and offsets. `buffers` keeps the flagos buffers alive for the call (only
+  // their addresses are kept). Defined in nested_tensors.cpp.
+  at::Tensor nested_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
+  // to_flagos of a nested result: its buffer mapped as any result (adopted, or
+  // on an argument's storage), wrapped with the result's sizes, strides and
+  // offsets. Defined in nested_tensors.cpp.
+  at::Tensor nested_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
   // After a kernel ran: carries changes a kernel made to the native view of a
   // mutable argument (resize, restride, a grown storage) to the flagos tensor.

@@ -1,14 +1,21 @@
-// Nested tensors (torch.nested) on flagos: the conversions that bring their
-// data back.
+// Nested tensors (torch.nested, the transformer fast path's padded batches)
+// on flagos.
 //
-// PyTorch builds a nested tensor for any device without dispatching to it
-// (torch.nested.nested_tensor(parts, device="flagos"), as_nested_tensor of
-// flagos parts): its buffer is an ordinary flagos tensor, and flagos cannot
-// refuse one where it is made. Every operator that needs a kernel of the
-// layout's own is refused (strided_only.cpp), but these are PyTorch's
-// device-independent ones, which work on the buffer: with them `.cpu()`,
-// `.to(...)`, `to_padded_tensor` and `unbind` work, as on CUDA.
+// A nested flagos tensor is PyTorch's NestedTensorImpl over a flagos buffer
+// (NestedTensorPrivateUse1). PyTorch makes one for any device without
+// dispatching to it (torch.nested.nested_tensor(parts, device="flagos")), and
+// native kernels return them (_nested_tensor_from_mask). Operators run the
+// native device's kernels for nested tensors (NestedTensorCPU, NestedTensorCUDA)
+// on a twin: a nested tensor of the native device over the native view of the
+// buffer, with the same sizes, strides and offsets (metadata, CPU tensors,
+// shared). A nested result comes back the same way: its buffer mapped as any
+// result (adopted, or on an argument's storage), wrapped with its metadata.
+// PyTorch's device-independent kernels below work on the buffer directly.
 
+#include <mutex>
+
+#include <ATen/NestedTensorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_nested_tensor_size_native.h>
 #include <ATen/ops/_nested_tensor_storage_offsets_native.h>
 #include <ATen/ops/_nested_tensor_strides_native.h>
@@ -20,7 +27,27 @@
 #include <ATen/ops/values_native.h>
 #include <torch/library.h>
 
+#include "aten/fallback.h"
+#include "aten/native_view.h"
+#include "aten/op_plan.h"
+
 namespace torch_fl::aten {
+
+at::Tensor NativeViews::nested_view_of(const at::Tensor& flagos,
+                                       std::vector<at::Tensor>& buffers) {
+  const auto* nested = at::native::get_nested_tensor_impl(flagos);
+  buffers.push_back(nested->get_unsafe_storage_as_tensor());
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      view_of(buffers.back()), nested->get_nested_sizes(), nested->get_nested_strides(),
+      nested->get_storage_offsets());
+}
+
+at::Tensor NativeViews::nested_to_flagos(const at::Tensor& native, c10::DeviceIndex device) {
+  const auto* nested = at::native::get_nested_tensor_impl(native);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      to_flagos(nested->get_unsafe_storage_as_tensor(), device), nested->get_nested_sizes(),
+      nested->get_nested_strides(), nested->get_storage_offsets());
+}
 
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   m.impl("_to_copy", TORCH_FN(at::native::_to_copy_nested));
@@ -32,6 +59,36 @@ TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   m.impl("_nested_tensor_size", TORCH_FN(at::native::_nested_tensor_size));
   m.impl("_nested_tensor_strides", TORCH_FN(at::native::_nested_tensor_strides));
   m.impl("_nested_tensor_storage_offsets", TORCH_FN(at::native::_nested_tensor_storage_offsets));
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_routing_kernel>());
+}
+
+// An operator with a kernel for the native device's nested tensors usually has
+// a CompositeImplicitAutograd one too (linear, matmul, softmax), which would
+// take a flagos call (a fallback loses to it) and fail on the nested layout.
+// The nested kernel is what CPU and CUDA run, so flagos routes these directly.
+void register_nested_routes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using K = c10::DispatchKey;
+    static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                          K::NestedTensorPrivateUse1, __FILE__, __LINE__);
+    const K native = NativeViews::native_type() == c10::kCUDA ? K::NestedTensorCUDA
+                                                              : K::NestedTensorCPU;
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(native) ||
+          op->hasKernelForDispatchKey(K::NestedTensorPrivateUse1)) {
+        continue;
+      }
+      lib->impl(op_key(name).c_str(),
+                torch::CppFunction::makeFromBoxedFunction<&nested_routing_kernel>());
+    }
+  });
 }
 
 }  // namespace torch_fl::aten

@@ -1,9 +1,9 @@
-// Flagos tensors are strided, dense and not quantized. A sparse, nested or
-// quantized tensor made with a flagos device gets a dispatch key of its own
-// (SparsePrivateUse1, SparseCsrPrivateUse1, NestedTensorPrivateUse1,
+// Flagos tensors are strided, dense and not quantized (nested ones aside:
+// nested_tensors.cpp). A sparse or quantized tensor made with a flagos device
+// gets a dispatch key of its own (SparsePrivateUse1, SparseCsrPrivateUse1,
 // QuantizedPrivateUse1), for which flagos registers no computing kernels
-// (sparse_compressed.cpp and nested_tensors.cpp serve what brings a sparse
-// compressed or nested tensor's data back); PyTorch's
+// (sparse_compressed.cpp serves what brings a sparse compressed tensor's data
+// back); PyTorch's
 // own message for that ("Could not run ... 'Sparseflagos' backend ... omitted
 // during the selective/custom build") points the user at their build. These
 // fallbacks take exactly the calls that would fail that way (a kernel
@@ -27,9 +27,6 @@ constexpr Kind kSparseCoo{"sparse COO (torch.sparse_coo) tensors", "make them de
 constexpr Kind kSparseCompressed{"sparse compressed (CSR, CSC, BSR, BSC) tensors",
                                  "make them dense (.to_dense())",
                                  " One on flagos comes back with .cpu()."};
-constexpr Kind kNested{"nested tensors (torch.nested)",
-                       "pad them into one tensor (.to_padded_tensor(padding))",
-                       " One on flagos comes back with .cpu(), .unbind() or .to_padded_tensor(padding)."};
 constexpr Kind kQuantized{"quantized tensors", "dequantize them (.dequantize())"};
 
 template <const Kind& kKind>
@@ -48,10 +45,6 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kSparseCompressed>>());
-}
-
-TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kNested>>());
 }
 
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {

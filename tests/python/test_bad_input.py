@@ -546,15 +546,15 @@ FOREIGN_CASES = [
     ("quantized cpu .to(flagos)",
      "torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8).to('flagos')",
      raises("NotImplementedError", "quantized", ".dequantize()"), ()),
-    # nested: a kernel's nested result is refused, not handed back dense
-    ("_nested_tensor_from_mask(flagos)",
-     "torch._nested_tensor_from_mask(torch.randn(2, 3, 4, device='flagos'), "
-     "torch.tensor([[True, True, False], [True, False, False]], device='flagos'))",
-     raises("NotImplementedError", "nested", "enable_nested_tensor=False", ".to_padded_tensor"), ()),
-    # nested: made on flagos, refused at the first operator with a way out
-    ("nested(flagos).sin()",
-     "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').sin()",
-     raises("NotImplementedError", "aten::sin", "nested", "strided", ".to_padded_tensor"), ()),
+    # nested: an operator the native device has no nested kernel for, refused with a way out
+    ("nested(flagos).cumsum(1)",
+     "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').cumsum(1)",
+     raises("NotImplementedError", "aten::cumsum", "nested", "no", ".to_padded_tensor"), ()),
+    ("sdpa(nested flagos)",
+     "q = torch.nested.nested_tensor([torch.ones(2, 4, 8), torch.ones(2, 6, 8)], device='flagos'); "
+     "torch.nn.functional.scaled_dot_product_attention(q, q, q)",
+     raises("NotImplementedError", "scaled_dot_product_attention", "nested", ".to_padded_tensor",
+            "attn_mask"), ()),
 ]
 
 

@@ -862,21 +862,22 @@ def test_results_sharing_a_fresh_storage_share_one_flagos_storage():
 
 def test_transformer_encoder_padding_mask_in_eval():
     # In eval mode under no_grad, with a padding mask, nn.TransformerEncoder
-    # takes PyTorch's nested-tensor path; flagos tensors are not nested, so
-    # that path is refused with the way out, and the way out matches the CPU.
+    # takes PyTorch's fast path over nested tensors (_nested_tensor_from_mask,
+    # then _transformer_encoder_layer_fwd on them): on flagos the native
+    # device's nested kernels run it, so the host driver gives the CPU's bits.
     torch.manual_seed(0)
-    x = torch.randn(2, 5, 8)
-    mask = torch.tensor([[False, False, False, True, True], [False, False, False, False, True]])
+    x = torch.randn(3, 5, 8)
+    mask = torch.tensor([[False, False, False, True, True], [False, False, False, False, True],
+                         [False, True, True, True, True]])
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    nested = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
-    dense = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    with torch.no_grad():
-        want = dense(x, src_key_padding_mask=mask)
-        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
-            nested.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
-        got = dense.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
-    assert got.device == DEV
-    assert_same(got, want, rtol=1e-5, atol=1e-5)
+    for nested in (True, False):
+        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested).eval()
+        with torch.no_grad():
+            want = encoder(x, src_key_padding_mask=mask)
+            got = encoder.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
+        encoder.cpu()
+        assert got.device == DEV
+        assert_same(got, want, rtol=0, atol=0)
 
 
 # --- DLPack ------------------------------------------------------------------------------
@@ -925,8 +926,8 @@ def test_sparse_compressed_tensor_on_flagos_comes_back(layout):
 @pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
 @pytest.mark.parametrize("make", ["nested_tensor", "as_nested_tensor", "cpu_to"])
 def test_nested_tensor_on_flagos_comes_back(make):
-    # PyTorch makes these on flagos without asking it: its operators are
-    # refused, but its data must not be trapped there.
+    # PyTorch makes these on flagos without asking it: its data must not be
+    # trapped there.
     parts = [torch.randn(3, 4), torch.randn(5, 4)]
     t = {"nested_tensor": lambda: torch.nested.nested_tensor(parts, device="flagos"),
          "as_nested_tensor": lambda: torch.nested.as_nested_tensor([p.to("flagos") for p in parts]),
@@ -941,5 +942,34 @@ def test_nested_tensor_on_flagos_comes_back(make):
     doubled = t.to(torch.float64)
     assert doubled.is_nested and doubled.dtype == torch.float64 and doubled.device == DEV
     assert "nested_tensor(" in repr(t)
-    with pytest.raises(NotImplementedError, match=r"nested .* comes back with \.cpu\(\)"):
-        t + 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
+def test_nested_tensor_operators_and_autograd_match_the_cpu():
+    # The native device's nested kernels run on flagos' nested tensors: forward
+    # and backward equal the CPU's, results stay nested flagos tensors, and an
+    # in-place operator writes the tensor's own memory.
+    torch.manual_seed(0)
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    weight = torch.randn(5, 3)
+
+    def run(device):
+        a = torch.nested.nested_tensor([p.to(device) for p in parts], requires_grad=True)
+        w = weight.to(device).requires_grad_()
+        y = torch.nn.functional.softmax(torch.nn.functional.linear(a, w) * 2 + 1, -1)
+        assert y.is_nested and y.device.type == device
+        y.to_padded_tensor(0.0).square().sum().backward()  # _nested_from_padded takes CPU sizes
+        b = torch.nested.nested_tensor([p.to(device) for p in parts])
+        storage = b.values().untyped_storage().data_ptr()
+        b.mul_(3)
+        assert b.values().untyped_storage().data_ptr() == storage
+        return [y.to_padded_tensor(0.0), a.grad.to_padded_tensor(0.0), w.grad,
+                b.to_padded_tensor(0.0), b.transpose(1, 2).contiguous().to_padded_tensor(0.0)]
+
+    for got, want in zip(run("flagos"), run("cpu")):
+        assert got.device == DEV
+        assert_same(got, want, rtol=0, atol=0)
+    import torch_fl
+
+    stats = {s.op: s.calls for s in torch_fl.routing.stats()}
+    assert stats["aten::linear"].get("native", 0) >= 1
