@@ -864,7 +864,10 @@ def test_transformer_encoder_padding_mask_in_eval():
     # In eval mode under no_grad, with a padding mask, nn.TransformerEncoder
     # takes PyTorch's fast path over nested tensors (_nested_tensor_from_mask,
     # then _transformer_encoder_layer_fwd on them): on flagos the native
-    # device's nested kernels run it, so the host driver gives the CPU's bits.
+    # device's nested kernels run it, so flagos gives the native device's bits.
+    import torch_fl
+
+    native = "cuda" if torch_fl.driver() == "cuda" else "cpu"
     torch.manual_seed(0)
     x = torch.randn(3, 5, 8)
     mask = torch.tensor([[False, False, False, True, True], [False, False, False, False, True],
@@ -873,9 +876,8 @@ def test_transformer_encoder_padding_mask_in_eval():
     for nested in (True, False):
         encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested).eval()
         with torch.no_grad():
-            want = encoder(x, src_key_padding_mask=mask)
+            want = encoder.to(native)(x.to(native), src_key_padding_mask=mask.to(native)).cpu()
             got = encoder.to("flagos")(x.to("flagos"), src_key_padding_mask=mask.to("flagos"))
-        encoder.cpu()
         assert got.device == DEV
         assert_same(got, want, rtol=0, atol=0)
 
@@ -947,8 +949,13 @@ def test_nested_tensor_on_flagos_comes_back(make):
 @pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
 def test_nested_tensor_operators_and_autograd_match_the_cpu():
     # The native device's nested kernels run on flagos' nested tensors: forward
-    # and backward equal the CPU's, results stay nested flagos tensors, and an
+    # and backward equal the CPU's (bit-equal on the host driver, float32
+    # rounding on the cuda driver: a CUDA backward cannot run beside flagos'
+    # autograd, docs/gpu.md), results stay nested flagos tensors, and an
     # in-place operator writes the tensor's own memory.
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
     torch.manual_seed(0)
     parts = [torch.randn(2, 3), torch.randn(4, 3)]
     weight = torch.randn(5, 3)
@@ -968,8 +975,6 @@ def test_nested_tensor_operators_and_autograd_match_the_cpu():
 
     for got, want in zip(run("flagos"), run("cpu")):
         assert got.device == DEV
-        assert_same(got, want, rtol=0, atol=0)
-    import torch_fl
-
+        assert_same(got, want, rtol=tol, atol=tol)
     stats = {s.op: s.calls for s in torch_fl.routing.stats()}
     assert stats["aten::linear"].get("native", 0) >= 1
