@@ -26,6 +26,7 @@
 #include "aten/call_observer.h"
 #include "aten/fallback.h"
 #include "aten/native_provider.h"
+#include "aten/native_view.h"
 #include "aten/op_plan.h"
 #include "aten/provider_error.h"
 #include "flaggems/launcher.h"
@@ -255,23 +256,23 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   route_planned(op, plan_for(op), stack);
 }
 
-void nested_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
+void layout_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack) {
   OpPlan& plan = plan_for(op);
   if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
     routing::resolve(op, plan);
   }
   Backend backend = plan.backend.load(std::memory_order_relaxed);
-  // FlagGems has no kernels for nested tensors: such a call runs natively and
-  // counts there, as the calls FlagGems declines do.
+  // FlagGems has no kernels for nested or sparse tensors: such a call runs
+  // natively and counts there, as the calls FlagGems declines do.
   if (backend == Backend::kFlagGems) backend = Backend::kNative;
   TORCH_CHECK_NOT_IMPLEMENTED(
       !(backend == Backend::kCpu && runtime::uses_cuda()), "flagos: ", plan.name,
-      " is routed to 'cpu', which copies dense tensors only: a nested flagos tensor cannot take "
-      "it. Route it to the native kernels (docs/routing.md: FLAGOS_OP_<op>=native), or pad the "
-      "nested tensor into one (.to_padded_tensor(padding)).");
+      " is routed to 'cpu', which copies dense tensors only: a nested or sparse flagos tensor "
+      "cannot take it. Route it to the native kernels (docs/routing.md: FLAGOS_OP_<op>=native), "
+      "or make the tensor dense (.to_padded_tensor(padding), .to_dense()).");
   count_call(plan, {backend, false});
-  run_native_nested(op, plan, stack);
+  run_native_layout(op, plan, keys, stack);
 }
 
 Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend backend,
@@ -312,6 +313,37 @@ void register_direct_routes() {
       }
       lib->impl(full.c_str(),
                 torch::CppFunction::makeFromBoxedFunction<&boxed_routing_kernel>());
+    }
+  });
+}
+
+// An operator with a kernel for the native device's nested or sparse COO
+// tensors often has a composite one too (linear, softmax, coalesce's parts),
+// which would take a flagos call (a fallback loses to it) and fail on the
+// layout. The layout's kernel is what CPU and CUDA run, so flagos routes these
+// operators directly.
+void register_layout_routes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using K = c10::DispatchKey;
+    const bool cuda = NativeViews::native_type() == c10::kCUDA;
+    const std::pair<K, K> layouts[] = {
+        {cuda ? K::NestedTensorCUDA : K::NestedTensorCPU, K::NestedTensorPrivateUse1},
+        {cuda ? K::SparseCUDA : K::SparseCPU, K::SparsePrivateUse1}};
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& [native, flagos] : layouts) {
+      // Kept for the process's life, as register_direct_routes' library.
+      auto* lib = new torch::Library(torch::Library::IMPL, "aten", flagos, __FILE__, __LINE__);
+      for (const auto& name : dispatcher.getAllOpNames()) {
+        if (name.name.rfind("aten::", 0) != 0) continue;
+        auto op = dispatcher.findOp(name);
+        if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(native) ||
+            op->hasKernelForDispatchKey(flagos)) {
+          continue;
+        }
+        lib->impl(op_key(name).c_str(),
+                  torch::CppFunction::makeFromBoxedFunction<&layout_routing_kernel>());
+      }
     }
   });
 }

@@ -56,12 +56,13 @@ class NativeCall {
     return views_.view_of(t);
   }
 
-  // A nested flagos tensor argument (a NestedTensorPrivateUse1 call): its
-  // native twin (NativeViews::nested_view_of); `buffers` outlives the call.
-  at::Tensor nested_arg(const at::Tensor& t, std::vector<at::Tensor>& buffers) {
+  // A nested or sparse COO flagos tensor argument (a NestedTensorPrivateUse1
+  // or SparsePrivateUse1 call): its native twin (NativeViews::layout_view_of);
+  // `buffers` outlives the call.
+  at::Tensor layout_arg(const at::Tensor& t, std::vector<at::Tensor>& buffers) {
     see(t.device().index());
     tensor_named_device_ = true;
-    return views_.nested_view_of(t, buffers);
+    return views_.layout_view_of(t, buffers);
   }
   // Room for a list argument of `n` tensors, before its elements go to arg().
   void reserve(size_t n) { views_.reserve(n); }
@@ -118,9 +119,9 @@ class NativeCall {
 
   // The flagos tensor for a tensor the kernel returned (see NativeViews).
   at::Tensor result(const at::Tensor& native) { return views_.to_flagos(native, device_); }
-  // The same for a nested one (NativeViews::nested_to_flagos).
-  at::Tensor nested_result(const at::Tensor& native) {
-    return views_.nested_to_flagos(native, device_);
+  // The same for a nested or sparse COO one (NativeViews::layout_to_flagos).
+  at::Tensor layout_result(const at::Tensor& native) {
+    return views_.layout_to_flagos(native, device_);
   }
 
   // The dispatch key of the native kernels.

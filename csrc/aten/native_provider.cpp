@@ -93,20 +93,21 @@ struct DenseTensors {
   at::Tensor result(NativeCall& call, const at::Tensor& r) const { return call.result(r); }
 };
 
-// The same, and nested tensors: an argument's native twin
-// (NativeCall::nested_arg), a result's flagos tensor (nested_result).
-struct NestedTensors {
+// The same, and nested and sparse COO tensors: an argument's native twin
+// (NativeCall::layout_arg), a result's flagos tensor (layout_result).
+struct LayoutTensors {
   std::vector<at::Tensor>& buffers;
 
   at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
                         bool index_list) const {
-    if (t.defined() && t.is_nested() && t.device().type() == kFlagos) {
-      return call.nested_arg(t, buffers);
+    if (t.defined() && (t.is_nested() || t.is_sparse()) && t.device().type() == kFlagos) {
+      return call.layout_arg(t, buffers);
     }
     return DenseTensors{}(call, t, is_write, index_list);
   }
   at::Tensor result(NativeCall& call, const at::Tensor& r) const {
-    return r.defined() && r.is_nested() ? call.nested_result(r) : call.result(r);
+    return r.defined() && (r.is_nested() || r.is_sparse()) ? call.layout_result(r)
+                                                           : call.result(r);
   }
 };
 
@@ -177,27 +178,31 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
   });
 }
 
-void run_native_nested(const c10::OperatorHandle& op, const OpPlan& plan,
-                       torch::jit::Stack* stack) {
-  static const c10::DispatchKeySet nested_keys(NativeViews::native_type() == c10::kCUDA
-                                                   ? c10::DispatchKey::NestedTensorCUDA
-                                                   : c10::DispatchKey::NestedTensorCPU);
+void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,
+                       c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  using K = c10::DispatchKey;
+  const bool cuda = NativeViews::native_type() == c10::kCUDA;
+  const bool nested = keys.has(K::NestedTensorPrivateUse1);
+  const c10::DispatchKeySet native_keys(
+      nested ? (cuda ? K::NestedTensorCUDA : K::NestedTensorCPU)
+             : (cuda ? K::SparseCUDA : K::SparseCPU));
   std::vector<at::Tensor> buffers;
   with_native_views(
       op, plan, stack, /*python_kernel=*/false,
       [&] {
         try {
-          op.redispatchBoxed(nested_keys, stack);
+          op.redispatchBoxed(native_keys, stack);
         } catch (c10::NotImplementedError& e) {
           TORCH_CHECK_NOT_IMPLEMENTED(
-              false, op.schema().operator_name(), ": nested tensors on flagos run the ",
-              c10::DeviceTypeName(NativeViews::native_type()),
-              " kernels for nested tensors, and there is none for this operator. Pad them into "
-              "one tensor (.to_padded_tensor(padding)) first. Native error: ",
-              e.what_without_backtrace());
+              false, op.schema().operator_name(), ": ", nested ? "nested" : "sparse COO",
+              " tensors on flagos run the ", c10::DeviceTypeName(NativeViews::native_type()),
+              " kernels for that layout, and there is none for this operator. ",
+              nested ? "Pad them into one tensor (.to_padded_tensor(padding))"
+                     : "Make them dense (.to_dense())",
+              " first. Native error: ", e.what_without_backtrace());
         }
       },
-      NestedTensors{buffers});
+      LayoutTensors{buffers});
 }
 
 void run_python(const c10::OperatorHandle& op, const OpPlan& plan,

@@ -17,11 +17,12 @@ namespace torch_fl::aten {
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack);
 
-// run_native for a call with a nested flagos tensor (NestedTensorPrivateUse1):
-// nested arguments become nested tensors of the native device over their
-// buffers' native views, and the native device's nested kernel runs.
-void run_native_nested(const c10::OperatorHandle& op, const OpPlan& plan,
-                       torch::jit::Stack* stack);
+// run_native for a call with a nested or sparse COO flagos tensor (`keys`
+// holds NestedTensorPrivateUse1 or SparsePrivateUse1): such arguments become
+// tensors of that layout on the native device over their components' native
+// views, and the native device's kernel for the layout runs.
+void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,
+                       c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 // The `flaggems` provider: the operator's Python kernel (registered by the
 // Python layer, see python_provider.h) runs on native views, exactly like a

@@ -54,16 +54,26 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
 }
 
 [[noreturn]] C10_NOINLINE void refuse_layout(const at::Tensor& native) {
-  const bool sparse = native.is_sparse() || native.is_sparse_csr();
+  const bool sparse = native.is_sparse_csr();
   TORCH_CHECK_NOT_IMPLEMENTED(false, "a kernel returned a tensor of layout ", native.layout(),
-                              ", but flagos tensors are strided and dense. ",
-                              sparse ? "Keep sparse tensors on the CPU: make them there (e.g. "
-                                       ".cpu().to_sparse()), or keep them dense on flagos."
+                              ", but flagos tensors are strided and dense (or sparse COO). ",
+                              sparse ? "Keep sparse compressed tensors on the CPU: make them "
+                                       "there (e.g. .cpu().to_sparse_csr()), or use sparse COO "
+                                       "on flagos (.to_sparse())."
                                      : "Keep such tensors on the CPU (e.g. .cpu().to_mkldnn()), "
                                        "or keep them strided on flagos.");
 }
 
 }  // namespace
+
+at::Tensor NativeViews::layout_view_of(const at::Tensor& flagos,
+                                       std::vector<at::Tensor>& buffers) {
+  return flagos.is_nested() ? nested_view_of(flagos, buffers) : sparse_view_of(flagos);
+}
+
+at::Tensor NativeViews::layout_to_flagos(const at::Tensor& native, c10::DeviceIndex device) {
+  return native.is_nested() ? nested_to_flagos(native, device) : sparse_to_flagos(native, device);
+}
 
 void release_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
@@ -278,8 +288,12 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;
-  // A sparse result has no storage to adopt (to_sparse(), to_sparse_csr()).
-  if (C10_UNLIKELY(native.layout() != c10::kStrided)) refuse_layout(native);
+  // A sparse COO result (to_sparse()) maps its indices and values; other
+  // layouts have no storage to adopt (to_sparse_csr()).
+  if (C10_UNLIKELY(native.layout() != c10::kStrided)) {
+    if (native.layout() == c10::kSparse) return sparse_to_flagos(native, device);
+    refuse_layout(native);
+  }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();
   const c10::DataPtr& dp = ns->data_ptr();
   // Our views' storages (twins, owned_) never own memory: a result in memory

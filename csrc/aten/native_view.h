@@ -55,21 +55,27 @@ class NativeViews {
   // flagos did not allocate, copied) onto flagos device `device`.
   at::Tensor to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
-  // A nested flagos tensor's native twin: a nested tensor of the native device
-  // over the native view of its buffer (view_of), with the same sizes, strides
-  // and offsets. `buffers` keeps the flagos buffers alive for the call (only
-  // their addresses are kept). Defined in nested_tensors.cpp.
-  at::Tensor nested_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
-  // to_flagos of a nested result: its buffer mapped as any result (adopted, or
-  // on an argument's storage), wrapped with the result's sizes, strides and
-  // offsets. Defined in nested_tensors.cpp.
-  at::Tensor nested_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+  // A nested or sparse COO flagos tensor's native twin: a tensor of the same
+  // layout on the native device over the native views of its components (a
+  // nested tensor's buffer, with the same sizes, strides and offsets; a
+  // sparse tensor's indices and values, with its sizes and coalesced flag).
+  // `buffers` keeps components made for the call alive (only their addresses
+  // are kept). Defined in nested_tensors.cpp and sparse_tensors.cpp.
+  at::Tensor layout_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
+  // to_flagos of a nested or sparse COO result: its components mapped as any
+  // result (adopted, or on an argument's storage), put together the same way.
+  at::Tensor layout_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
   // After a kernel ran: carries changes a kernel made to the native view of a
   // mutable argument (resize, restride, a grown storage) to the flagos tensor.
   void sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view);
 
  private:
+  at::Tensor nested_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
+  at::Tensor nested_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+  at::Tensor sparse_view_of(const at::Tensor& flagos);
+  at::Tensor sparse_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+
   struct TensorPair {
     // Owned for the call: results are matched to views by TensorImpl address,
     // which a view freed mid-call (a temporary argument) would hand on to a

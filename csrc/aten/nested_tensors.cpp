@@ -5,17 +5,14 @@
 // (NestedTensorPrivateUse1). PyTorch makes one for any device without
 // dispatching to it (torch.nested.nested_tensor(parts, device="flagos")), and
 // native kernels return them (_nested_tensor_from_mask). Operators run the
-// native device's kernels for nested tensors (NestedTensorCPU, NestedTensorCUDA)
-// on a twin: a nested tensor of the native device over the native view of the
+// native device's kernels for nested tensors (NestedTensorCPU, NestedTensorCUDA;
+// layout_routing_kernel, run_native_layout) on a twin: a nested tensor of the native device over the native view of the
 // buffer, with the same sizes, strides and offsets (metadata, CPU tensors,
 // shared). A nested result comes back the same way: its buffer mapped as any
 // result (adopted, or on an argument's storage), wrapped with its metadata.
 // PyTorch's device-independent kernels below work on the buffer directly.
 
-#include <mutex>
-
 #include <ATen/NestedTensorImpl.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_nested_tensor_size_native.h>
 #include <ATen/ops/_nested_tensor_storage_offsets_native.h>
 #include <ATen/ops/_nested_tensor_strides_native.h>
@@ -29,7 +26,6 @@
 
 #include "aten/fallback.h"
 #include "aten/native_view.h"
-#include "aten/op_plan.h"
 
 namespace torch_fl::aten {
 
@@ -62,33 +58,7 @@ TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_routing_kernel>());
-}
-
-// An operator with a kernel for the native device's nested tensors usually has
-// a CompositeImplicitAutograd one too (linear, matmul, softmax), which would
-// take a flagos call (a fallback loses to it) and fail on the nested layout.
-// The nested kernel is what CPU and CUDA run, so flagos routes these directly.
-void register_nested_routes() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    using K = c10::DispatchKey;
-    static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
-                                          K::NestedTensorPrivateUse1, __FILE__, __LINE__);
-    const K native = NativeViews::native_type() == c10::kCUDA ? K::NestedTensorCUDA
-                                                              : K::NestedTensorCPU;
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const auto& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(native) ||
-          op->hasKernelForDispatchKey(K::NestedTensorPrivateUse1)) {
-        continue;
-      }
-      lib->impl(op_key(name).c_str(),
-                torch::CppFunction::makeFromBoxedFunction<&nested_routing_kernel>());
-    }
-  });
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_routing_kernel>());
 }
 
 }  // namespace torch_fl::aten

@@ -1,7 +1,8 @@
-// Flagos tensors are strided, dense and not quantized (nested ones aside:
-// nested_tensors.cpp). A sparse or quantized tensor made with a flagos device
-// gets a dispatch key of its own (SparsePrivateUse1, SparseCsrPrivateUse1,
-// QuantizedPrivateUse1), for which flagos registers no computing kernels
+// Flagos tensors are strided, dense and not quantized (nested and sparse COO
+// ones aside: nested_tensors.cpp, sparse_tensors.cpp). A sparse compressed or
+// quantized tensor made with a flagos device gets a dispatch key of its own
+// (SparseCsrPrivateUse1, QuantizedPrivateUse1), for which flagos registers no
+// computing kernels
 // (sparse_compressed.cpp serves what brings a sparse compressed tensor's data
 // back); PyTorch's
 // own message for that ("Could not run ... 'Sparseflagos' backend ... omitted
@@ -23,7 +24,6 @@ struct Kind {
   const char* way_out;
   const char* way_back = "";  // for a kind PyTorch makes on flagos without asking it
 };
-constexpr Kind kSparseCoo{"sparse COO (torch.sparse_coo) tensors", "make them dense (.to_dense())"};
 constexpr Kind kSparseCompressed{"sparse compressed (CSR, CSC, BSR, BSC) tensors",
                                  "make them dense (.to_dense())",
                                  " One on flagos comes back with .cpu()."};
@@ -38,10 +38,6 @@ void unsupported_kind(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
 }
 
 }  // namespace
-
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kSparseCoo>>());
-}
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_kind<kSparseCompressed>>());

@@ -200,7 +200,7 @@ PYBIND11_MODULE(_C, m) {
       hal::Driver& d = hal::driver();
       aten::register_unboxed_routes();
       aten::register_direct_routes();
-      aten::register_nested_routes();
+      aten::register_layout_routes();
       if (d.nativeDevice() == hal::NativeDevice::kHost) aten::register_host_rnn_cells();
       return 0;
     });

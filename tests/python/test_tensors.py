@@ -900,6 +900,69 @@ def test_dlpack_round_trips_and_shares_memory():
     assert torch.randn(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse invariant checks are off by default
+def test_sparse_coo_tensors_match_the_cpu():
+    # Sparse COO flagos tensors run the native device's sparse kernels: made by
+    # the factory, by .to("flagos") and by to_sparse(), their operators give
+    # the CPU's results (bit-equal on the host driver, float32 rounding on the
+    # cuda driver), and results stay sparse flagos tensors.
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
+    torch.manual_seed(0)
+    indices = torch.tensor([[0, 3, 1, 3, 2], [4, 0, 2, 0, 1]])
+    values = torch.randn(5)
+    dense = torch.randn(5, 3)
+    mostly_zero = torch.randn(4, 5).relu()
+
+    def run(device):
+        a = torch.sparse_coo_tensor(indices.to(device), values.to(device), (4, 5))
+        b = torch.sparse_coo_tensor(indices, values * 3, (4, 5)).to(device)
+        c = mostly_zero.to(device).to_sparse()
+        d = a.coalesce()
+        results = [a.to_dense(), (a + b).to_dense(), (d * 2).to_dense(), d.t().to_dense(),
+                   torch.sparse.mm(d, dense.to(device)), d._indices(), d._values(),
+                   (c + d).to_dense(), torch.sparse.sum(d, 1).to_dense(),
+                   d.index_select(1, torch.tensor([0, 2], device=device)).to_dense()]
+        assert a.is_sparse and a.device.type == device and not a.is_coalesced() and d.is_coalesced()
+        assert a._nnz() == 5 and d._nnz() == 4 and (a + b).is_sparse
+        back = d.cpu()
+        assert back.is_sparse and back.device.type == "cpu"
+        return results, back.to_dense()
+
+    (got, got_back), (want, want_back) = run("flagos"), run("cpu")
+    for g, w in zip(got, want):
+        assert g.device == DEV
+        assert_same(g, w, rtol=tol, atol=tol)
+    assert_same(got_back, want_back, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("bag", [False, True])
+def test_sparse_gradients_train_as_on_the_cpu(bag):
+    # nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True) give sparse
+    # gradients, which SparseAdam (and SGD) consume.
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
+    torch.manual_seed(0)
+    make = (lambda: torch.nn.EmbeddingBag(20, 4, sparse=True)) if bag else (
+        lambda: torch.nn.Embedding(20, 4, sparse=True))
+    cpu = make()
+    flagos = make().to("flagos")
+    flagos.load_state_dict(cpu.state_dict())
+    optimizers = [torch.optim.SparseAdam(cpu.parameters(), lr=0.1),
+                  torch.optim.SparseAdam(flagos.parameters(), lr=0.1)]
+    for _ in range(3):
+        idx = torch.randint(0, 20, (3, 5))
+        for model, opt in zip((cpu, flagos), optimizers):
+            opt.zero_grad()
+            device = next(model.parameters()).device
+            model(idx.to(device)).square().sum().backward()
+            assert model.weight.grad.is_sparse and model.weight.grad.device == device
+            opt.step()
+    assert_same(flagos.weight.detach(), cpu.weight.detach(), rtol=tol, atol=tol)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
 @pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
 def test_sparse_compressed_tensor_on_flagos_comes_back(layout):
