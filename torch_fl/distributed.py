@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from . import _C
+from . import _C, _wrap
 
 BACKEND_NAME = "flagos"
 
@@ -125,3 +125,26 @@ def register() -> None:
     dist.Backend.register_backend(
         BACKEND_NAME, _create_process_group, extended_api=True, devices=["flagos", "cpu"]
     )
+    _wrap.wrap_once(dist.distributed_c10d.BackendConfig, "__init__", _with_flagos_devices)
+
+
+def _with_flagos_devices(init):
+    """BackendConfig for one backend named alone ("gloo", "nccl"): its devices, and flagos.
+
+    PyTorch maps such a name to the devices it lists (gloo: cpu and cuda), so a
+    flagos tensor found "no backend type associated with device type flagos",
+    where the CUDA tensors of the same program work under gloo; and FSDP2's
+    default mesh (the accelerator's device type) failed in a gloo group. flagos
+    tensors take the flagos backend there, which runs that collective library
+    inside (gloo on the host driver, NCCL on the cuda driver).
+    """
+
+    def __init__(self, backend):
+        init(self, backend)
+        import torch.distributed as dist
+
+        name = str(backend).lower()
+        if name in dist.Backend.backend_list and "flagos" not in self.device_backend_map:
+            self.device_backend_map["flagos"] = dist.Backend(BACKEND_NAME)
+
+    return __init__

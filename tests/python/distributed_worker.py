@@ -46,8 +46,8 @@ def record(name, fn):
 
 
 def init():
-    # DIST_TEST_BACKEND: none (a bare init_process_group()), "flagos" or
-    # "cpu:gloo,flagos:flagos"; every form must give the same group.
+    # DIST_TEST_BACKEND: none (a bare init_process_group()), "flagos",
+    # "cpu:gloo,flagos:flagos" or "gloo"; every form must give the same group.
     backend = os.environ.get("DIST_TEST_BACKEND") or None
     dist.init_process_group(
         backend,
@@ -704,6 +704,31 @@ def job_torchrun():
     results["backend"] = dist.get_backend()
 
 
+# ---- a group asked for by a collective library's name --------------------------------------
+
+
+def job_gloo():
+    """init_process_group("gloo"), as a CUDA program moved to flagos asks: CPU
+    tensors go to gloo, flagos tensors to the flagos backend, and FSDP2's
+    default mesh (the accelerator's, flagos) trains."""
+    init()
+    results["backend"] = dist.get_backend()
+    record("group_backends", check_group_backends)
+    record("all_reduce_SUM_float32", functools.partial(
+        check_all_reduce, *next(c[1:] for c in reduction_cases() if c[0] == "all_reduce_SUM_float32")))
+    record("cpu_tensors_in_same_group", check_cpu_tensors_in_same_group)
+
+    def default_mesh_fsdp2():
+        model = fsdp_model(device="cpu")  # fully_shard moves it to the accelerator
+        assert next(model.parameters()).to_local().device == DEVICE
+        train(model, model.parameters())
+        ref = reference_params()
+        for name, p in model.named_parameters():
+            close(name, p.full_tensor(), ref[name])
+
+    record("fsdp2_default_mesh", default_mesh_fsdp2)
+
+
 # ---- main ---------------------------------------------------------------------------------
 
 def job_main():
@@ -721,6 +746,7 @@ JOBS = {
     "timeout": job_timeout,
     "wrong_world_size": job_wrong_world_size,
     "torchrun": job_torchrun,
+    "gloo": job_gloo,
 }
 
 

@@ -137,6 +137,7 @@ def jobs():
         ("main", 4): Job("main", 4, host(4, backend="cpu:gloo,flagos:flagos")),
         "torchrun": Job("torchrun", 2, host(2), torchrun=True),
         "killed_peer": Job("killed_peer", 2, host(2, timeout=30, backend="flagos")),
+        "gloo": Job("gloo", 2, host(2, backend="gloo")),
         "timeout": Job("timeout", 2, host(2, timeout=3)),
         "wrong_world_size": Job("wrong_world_size", 2, host(2, timeout=3)),
     }
@@ -182,6 +183,15 @@ def test_group_is_gloo_for_cpu_and_flagos_over_gloo_for_flagos(jobs, world, back
     job = jobs[("main", world)]
     job.check("group_backends")
     assert job.results()[0]["backend"] == backend
+
+
+@pytest.mark.parametrize("name", ["group_backends", "all_reduce_SUM_float32", "cpu_tensors_in_same_group",
+                                  "fsdp2_default_mesh"])
+def test_gloo_by_name_gives_flagos_tensors_the_flagos_backend(jobs, name):
+    """init_process_group("gloo"): PyTorch maps gloo to cpu and cuda only; flagos
+    tensors take the flagos backend (gloo inside), and FSDP2's default mesh works."""
+    jobs["gloo"].check(name)
+    assert jobs["gloo"].results()[0]["backend"] == "gloo"
 
 
 def test_device_mesh_2d(jobs):
