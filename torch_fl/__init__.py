@@ -24,6 +24,7 @@ from . import compile as _compile  # noqa: E402
 from . import distributed  # noqa: E402
 from . import _distributed_checkpoint  # noqa: E402
 from . import _comm  # noqa: E402
+from . import _transformers  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -46,6 +47,8 @@ distributed.register()
 _distributed_checkpoint.install()
 # nn.DataParallel and torch.nn.parallel.comm on a torch without CUDA's copies between devices.
 _comm.install()
+# Hugging Face Trainer: TrainingArguments.device agrees with accelerate's (flagos).
+_transformers.install()
 # torch.multiprocessing: a clear error for flagos tensors, not a hung queue.
 flagos._sharing.install()
 # What PyTorch's Python layer gets wrong for a renamed PrivateUse1 device:
