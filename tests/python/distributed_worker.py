@@ -659,6 +659,18 @@ def job_wrong_world_size():
 # ---- torchrun -------------------------------------------------------------------------
 
 
+def check_fsdp2_default_mesh():
+    # fully_shard without a mesh takes the accelerator's (flagos) and moves
+    # the CPU model there, as it moves one to CUDA.
+    model = fsdp_model(device="cpu")  # fully_shard moves it
+    assert next(model.parameters()).to_local().device == DEVICE
+    train(model, model.parameters())
+    ref = reference_params()
+    for name, p in model.named_parameters():
+        close(name, p.full_tensor(), ref[name])
+
+
+
 def job_torchrun():
     """Started by torchrun: no init_process_group of our own (DeviceMesh makes
     the default group from torchrun's environment)."""
@@ -688,19 +700,9 @@ def job_torchrun():
         dist.all_reduce(t)
         same(t, torch.full((3,), float(sum(range(1, WORLD + 1)))), "all_reduce")
 
-    def default_mesh_fsdp2():
-        # fully_shard without a mesh takes the accelerator's (flagos) and moves
-        # the CPU model there, as it moves one to CUDA.
-        model = fsdp_model(device="cpu")  # fully_shard moves it
-        assert next(model.parameters()).to_local().device == DEVICE
-        train(model, model.parameters())
-        ref = reference_params()
-        for name, p in model.named_parameters():
-            close(name, p.full_tensor(), ref[name])
-
     record("cpu_fsdp2_with_torch_fl_loaded", cpu_fsdp2)
     record("local_rank_is_the_flagos_device", local_rank_is_device)
-    record("fsdp2_default_mesh_is_flagos", default_mesh_fsdp2)
+    record("fsdp2_default_mesh_is_flagos", check_fsdp2_default_mesh)
     results["backend"] = dist.get_backend()
 
 
@@ -717,16 +719,7 @@ def job_gloo():
     record("all_reduce_SUM_float32", functools.partial(
         check_all_reduce, *next(c[1:] for c in reduction_cases() if c[0] == "all_reduce_SUM_float32")))
     record("cpu_tensors_in_same_group", check_cpu_tensors_in_same_group)
-
-    def default_mesh_fsdp2():
-        model = fsdp_model(device="cpu")  # fully_shard moves it to the accelerator
-        assert next(model.parameters()).to_local().device == DEVICE
-        train(model, model.parameters())
-        ref = reference_params()
-        for name, p in model.named_parameters():
-            close(name, p.full_tensor(), ref[name])
-
-    record("fsdp2_default_mesh", default_mesh_fsdp2)
+    record("fsdp2_default_mesh", check_fsdp2_default_mesh)
 
 
 # ---- main ---------------------------------------------------------------------------------
