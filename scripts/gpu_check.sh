@@ -82,7 +82,7 @@ if [ "$what" = suite ]; then
     tests/python/test_unboxed_routes.py tests/python/test_coexistence.py tests/python/test_memory.py \
     tests/python/test_tensors.py tests/python/test_fork.py
   run_group runtime tests/python/test_autograd_amp.py tests/python/test_device.py \
-    tests/python/test_profiler.py tests/python/test_sharing.py
+    tests/python/test_profiler.py tests/python/test_sharing.py tests/python/test_data_parallel.py
   run_group tuning tests/python/test_tuning.py tests/python/test_verify.py tests/python/test_report.py
   wait_groups
   FLAGOS_BACKEND_CONFIG=$ALL_CUDA timeout 120 python3 bench/cuda_overhead.py --json "$OUT/cuda_overhead.json" \
