@@ -139,10 +139,10 @@ def _with_flagos_devices(init):
     inside (gloo on the host driver, NCCL on the cuda driver).
     """
 
+    import torch.distributed as dist
+
     def __init__(self, backend):
         init(self, backend)
-        import torch.distributed as dist
-
         name = str(backend).lower()
         if name in dist.Backend.backend_list and "flagos" not in self.device_backend_map:
             self.device_backend_map["flagos"] = dist.Backend(BACKEND_NAME)

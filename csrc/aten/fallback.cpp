@@ -221,14 +221,23 @@ bool flaggems_declines(const OpPlan& plan, const torch::jit::Stack& stack) {
   return declines(plan, stack);
 }
 
+namespace {
+
+// The operator's route, resolved again when the routing changed since.
+inline Backend current_route(const c10::OperatorHandle& op, OpPlan& plan) {
+  if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
+    routing::resolve(op, plan);
+  }
+  return plan.backend.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
 // Hot path: the route check (two relaxed loads), a counter, one load of the
 // every-call word, and the provider call. No strings, locks or allocation
 // unless the route must be (re)resolved or logged.
 void route_planned(const c10::OperatorHandle& op, OpPlan& plan, torch::jit::Stack* stack) {
-  if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
-    routing::resolve(op, plan);
-  }
-  Backend backend = plan.backend.load(std::memory_order_relaxed);
+  Backend backend = current_route(op, plan);
   if (backend == Backend::kFlagGems && declines(plan, *stack)) {
     backend = Backend::kNative;
   }
@@ -259,10 +268,7 @@ void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
 void layout_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack) {
   OpPlan& plan = plan_for(op);
-  if (plan.route_epoch.load(std::memory_order_acquire) != routing::epoch()) {
-    routing::resolve(op, plan);
-  }
-  Backend backend = plan.backend.load(std::memory_order_relaxed);
+  Backend backend = current_route(op, plan);
   // FlagGems has no kernels for nested or sparse tensors: such a call runs
   // natively and counts there, as the calls FlagGems declines do.
   if (backend == Backend::kFlagGems) backend = Backend::kNative;
@@ -325,13 +331,10 @@ void register_direct_routes() {
 void register_layout_routes() {
   static std::once_flag once;
   std::call_once(once, [] {
-    using K = c10::DispatchKey;
-    const bool cuda = NativeViews::native_type() == c10::kCUDA;
-    const std::pair<K, K> layouts[] = {
-        {cuda ? K::NestedTensorCUDA : K::NestedTensorCPU, K::NestedTensorPrivateUse1},
-        {cuda ? K::SparseCUDA : K::SparseCPU, K::SparsePrivateUse1}};
     auto& dispatcher = c10::Dispatcher::singleton();
-    for (const auto& [native, flagos] : layouts) {
+    for (const c10::DispatchKey flagos :
+         {c10::DispatchKey::NestedTensorPrivateUse1, c10::DispatchKey::SparsePrivateUse1}) {
+      const c10::DispatchKey native = NativeViews::native_key_like(flagos);
       // Kept for the process's life, as register_direct_routes' library.
       auto* lib = new torch::Library(torch::Library::IMPL, "aten", flagos, __FILE__, __LINE__);
       for (const auto& name : dispatcher.getAllOpNames()) {

@@ -180,12 +180,9 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 
 void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,
                        c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  using K = c10::DispatchKey;
-  const bool cuda = NativeViews::native_type() == c10::kCUDA;
-  const bool nested = keys.has(K::NestedTensorPrivateUse1);
-  const c10::DispatchKeySet native_keys(
-      nested ? (cuda ? K::NestedTensorCUDA : K::NestedTensorCPU)
-             : (cuda ? K::SparseCUDA : K::SparseCPU));
+  const bool nested = keys.has(c10::DispatchKey::NestedTensorPrivateUse1);
+  const c10::DispatchKeySet native_keys(NativeViews::native_key_like(
+      nested ? c10::DispatchKey::NestedTensorPrivateUse1 : c10::DispatchKey::SparsePrivateUse1));
   std::vector<at::Tensor> buffers;
   with_native_views(
       op, plan, stack, /*python_kernel=*/false,

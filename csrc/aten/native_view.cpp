@@ -196,6 +196,11 @@ c10::DispatchKey NativeViews::native_key() {
   return key;
 }
 
+c10::DispatchKey NativeViews::native_key_like(c10::DispatchKey flagos) {
+  return c10::toRuntimePerBackendFunctionalityKey(c10::toFunctionalityKey(flagos),
+                                                  c10::toBackendComponent(native_key()));
+}
+
 c10::DeviceType NativeViews::native_type() {
   static const c10::DeviceType type = native_key() == c10::DispatchKey::CPU
                                           ? c10::DeviceType::CPU

@@ -33,6 +33,10 @@ class NativeViews {
   static c10::DeviceType native_type();
   static c10::DispatchKey native_key();
   static c10::Device native_device(c10::DeviceIndex index);
+  // The native device's key for the layout of flagos key `flagos` (a
+  // per-backend key: NestedTensorPrivateUse1 -> NestedTensorCPU/CUDA,
+  // SparsePrivateUse1 -> SparseCPU/CUDA).
+  static c10::DispatchKey native_key_like(c10::DispatchKey flagos);
 
   // Room for `n` more views: a list argument's elements, without regrowing.
   void reserve(size_t n) { tensors_.reserve(tensors_.size() + n); }

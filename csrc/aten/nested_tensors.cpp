@@ -6,9 +6,9 @@
 // dispatching to it (torch.nested.nested_tensor(parts, device="flagos")), and
 // native kernels return them (_nested_tensor_from_mask). Operators run the
 // native device's kernels for nested tensors (NestedTensorCPU, NestedTensorCUDA;
-// layout_routing_kernel, run_native_layout) on a twin: a nested tensor of the native device over the native view of the
-// buffer, with the same sizes, strides and offsets (metadata, CPU tensors,
-// shared). A nested result comes back the same way: its buffer mapped as any
+// layout_routing_kernel, run_native_layout) on a twin: a nested tensor of the
+// native device over the native view of the buffer, with the same sizes,
+// strides and offsets (metadata, CPU tensors, shared). A nested result comes back the same way: its buffer mapped as any
 // result (adopted, or on an argument's storage), wrapped with its metadata.
 // PyTorch's device-independent kernels below work on the buffer directly.
 
