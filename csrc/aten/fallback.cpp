@@ -323,7 +323,7 @@ void register_direct_routes() {
   });
 }
 
-// An operator with a kernel for the native device's nested or sparse COO
+// An operator with a kernel for the native device's nested or sparse
 // tensors often has a composite one too (linear, softmax, coalesce's parts),
 // which would take a flagos call (a fallback loses to it) and fail on the
 // layout. The layout's kernel is what CPU and CUDA run, so flagos routes these
@@ -333,7 +333,8 @@ void register_layout_routes() {
   std::call_once(once, [] {
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const c10::DispatchKey flagos :
-         {c10::DispatchKey::NestedTensorPrivateUse1, c10::DispatchKey::SparsePrivateUse1}) {
+         {c10::DispatchKey::NestedTensorPrivateUse1, c10::DispatchKey::SparsePrivateUse1,
+          c10::DispatchKey::SparseCsrPrivateUse1}) {
       const c10::DispatchKey native = NativeViews::native_key_like(flagos);
       // Kept for the process's life, as register_direct_routes' library.
       auto* lib = new torch::Library(torch::Library::IMPL, "aten", flagos, __FILE__, __LINE__);

@@ -18,14 +18,14 @@ void register_direct_routes();
 void boxed_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                           torch::jit::Stack* stack);
 // Its body, for a caller that holds the operator's plan (plan_for(op)).
-// The fallback for calls with a nested or sparse COO flagos tensor
-// (NestedTensorPrivateUse1, SparsePrivateUse1): counted as the operator's route
+// The fallback for calls with a nested or sparse flagos tensor
+// (NestedTensorPrivateUse1, SparsePrivateUse1, SparseCsrPrivateUse1): counted as the operator's route
 // says, run by the native device's kernels for that layout (run_native_layout)
 // whatever the route, but for the cuda driver's 'cpu' route, which is refused.
 void layout_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack);
 // Registers layout_routing_kernel for every aten operator with a kernel for the
-// native device's nested or sparse COO tensors; once, at import.
+// native device's nested or sparse tensors; once, at import.
 void register_layout_routes();
 void route_planned(const c10::OperatorHandle& op, OpPlan& plan, torch::jit::Stack* stack);
 

@@ -56,8 +56,8 @@ class NativeCall {
     return views_.view_of(t);
   }
 
-  // A nested or sparse COO flagos tensor argument (a NestedTensorPrivateUse1
-  // or SparsePrivateUse1 call): its native twin (NativeViews::layout_view_of);
+  // A nested or sparse flagos tensor argument (a NestedTensorPrivateUse1,
+  // SparsePrivateUse1 or SparseCsrPrivateUse1 call): its native twin (NativeViews::layout_view_of);
   // `buffers` outlives the call.
   at::Tensor layout_arg(const at::Tensor& t, std::vector<at::Tensor>& buffers) {
     see(t.device().index());
@@ -119,7 +119,7 @@ class NativeCall {
 
   // The flagos tensor for a tensor the kernel returned (see NativeViews).
   at::Tensor result(const at::Tensor& native) { return views_.to_flagos(native, device_); }
-  // The same for a nested or sparse COO one (NativeViews::layout_to_flagos).
+  // The same for a nested or sparse one (NativeViews::layout_to_flagos).
   at::Tensor layout_result(const at::Tensor& native) {
     return views_.layout_to_flagos(native, device_);
   }

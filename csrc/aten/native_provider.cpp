@@ -93,21 +93,21 @@ struct DenseTensors {
   at::Tensor result(NativeCall& call, const at::Tensor& r) const { return call.result(r); }
 };
 
-// The same, and nested and sparse COO tensors: an argument's native twin
+// The same, and nested and sparse tensors: an argument's native twin
 // (NativeCall::layout_arg), a result's flagos tensor (layout_result).
 struct LayoutTensors {
   std::vector<at::Tensor>& buffers;
 
   at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
                         bool index_list) const {
-    if (t.defined() && (t.is_nested() || t.is_sparse()) && t.device().type() == kFlagos) {
+    if (t.defined() && NativeViews::has_components(t) && t.device().type() == kFlagos) {
       return call.layout_arg(t, buffers);
     }
     return DenseTensors{}(call, t, is_write, index_list);
   }
   at::Tensor result(NativeCall& call, const at::Tensor& r) const {
-    return r.defined() && (r.is_nested() || r.is_sparse()) ? call.layout_result(r)
-                                                           : call.result(r);
+    return r.defined() && NativeViews::has_components(r) ? call.layout_result(r)
+                                                         : call.result(r);
   }
 };
 
@@ -180,9 +180,12 @@ void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
 
 void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,
                        c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const bool nested = keys.has(c10::DispatchKey::NestedTensorPrivateUse1);
-  const c10::DispatchKeySet native_keys(NativeViews::native_key_like(
-      nested ? c10::DispatchKey::NestedTensorPrivateUse1 : c10::DispatchKey::SparsePrivateUse1));
+  using K = c10::DispatchKey;
+  // The layout the dispatcher chose this kernel for: the highest of them.
+  const K flagos_key = keys.has(K::NestedTensorPrivateUse1) ? K::NestedTensorPrivateUse1
+                       : keys.has(K::SparseCsrPrivateUse1)  ? K::SparseCsrPrivateUse1
+                                                            : K::SparsePrivateUse1;
+  const c10::DispatchKeySet native_keys(NativeViews::native_key_like(flagos_key));
   std::vector<at::Tensor> buffers;
   with_native_views(
       op, plan, stack, /*python_kernel=*/false,
@@ -190,8 +193,12 @@ void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,
         try {
           op.redispatchBoxed(native_keys, stack);
         } catch (c10::NotImplementedError& e) {
+          const bool nested = flagos_key == K::NestedTensorPrivateUse1;
           TORCH_CHECK_NOT_IMPLEMENTED(
-              false, op.schema().operator_name(), ": ", nested ? "nested" : "sparse COO",
+              false, op.schema().operator_name(), ": ",
+              nested                                  ? "nested"
+              : flagos_key == K::SparsePrivateUse1    ? "sparse COO"
+                                                      : "sparse compressed",
               " tensors on flagos run the ", c10::DeviceTypeName(NativeViews::native_type()),
               " kernels for that layout, and there is none for this operator. ",
               nested ? "Pad them into one tensor (.to_padded_tensor(padding))"

@@ -17,8 +17,9 @@ namespace torch_fl::aten {
 void run_native(const c10::OperatorHandle& op, const OpPlan& plan,
                 torch::jit::Stack* stack);
 
-// run_native for a call with a nested or sparse COO flagos tensor (`keys`
-// holds NestedTensorPrivateUse1 or SparsePrivateUse1): such arguments become
+// run_native for a call with a nested or sparse flagos tensor (`keys` holds
+// NestedTensorPrivateUse1, SparsePrivateUse1 or SparseCsrPrivateUse1): such
+// arguments become
 // tensors of that layout on the native device over their components' native
 // views, and the native device's kernel for the layout runs.
 void run_native_layout(const c10::OperatorHandle& op, const OpPlan& plan,

@@ -54,25 +54,24 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key,
 }
 
 [[noreturn]] C10_NOINLINE void refuse_layout(const at::Tensor& native) {
-  const bool sparse = native.is_sparse_csr();
   TORCH_CHECK_NOT_IMPLEMENTED(false, "a kernel returned a tensor of layout ", native.layout(),
-                              ", but flagos tensors are strided and dense (or sparse COO). ",
-                              sparse ? "Keep sparse compressed tensors on the CPU: make them "
-                                       "there (e.g. .cpu().to_sparse_csr()), or use sparse COO "
-                                       "on flagos (.to_sparse())."
-                                     : "Keep such tensors on the CPU (e.g. .cpu().to_mkldnn()), "
-                                       "or keep them strided on flagos.");
+                              ", but flagos tensors are strided, nested or sparse (COO, CSR, "
+                              "CSC, BSR, BSC). Keep such tensors on the CPU (e.g. "
+                              ".cpu().to_mkldnn()), or keep them strided on flagos.");
 }
 
 }  // namespace
 
 at::Tensor NativeViews::layout_view_of(const at::Tensor& flagos,
                                        std::vector<at::Tensor>& buffers) {
-  return flagos.is_nested() ? nested_view_of(flagos, buffers) : sparse_view_of(flagos);
+  if (flagos.is_nested()) return nested_view_of(flagos, buffers);
+  return flagos.is_sparse() ? sparse_view_of(flagos) : compressed_view_of(flagos);
 }
 
 at::Tensor NativeViews::layout_to_flagos(const at::Tensor& native, c10::DeviceIndex device) {
-  return native.is_nested() ? nested_to_flagos(native, device) : sparse_to_flagos(native, device);
+  if (native.is_nested()) return nested_to_flagos(native, device);
+  return native.is_sparse() ? sparse_to_flagos(native, device)
+                            : compressed_to_flagos(native, device);
 }
 
 void release_storage_ref(void* ctx) {
@@ -293,10 +292,10 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;
-  // A sparse COO result (to_sparse()) maps its indices and values; other
-  // layouts have no storage to adopt (to_sparse_csr()).
+  // A sparse result (to_sparse(), to_sparse_csr()) maps its components; other
+  // layouts (mkldnn) have no storage to adopt.
   if (C10_UNLIKELY(native.layout() != c10::kStrided)) {
-    if (native.layout() == c10::kSparse) return sparse_to_flagos(native, device);
+    if (has_components(native)) return layout_to_flagos(native, device);
     refuse_layout(native);
   }
   c10::StorageImpl* ns = native.storage().unsafeGetStorageImpl();

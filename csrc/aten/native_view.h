@@ -35,7 +35,8 @@ class NativeViews {
   static c10::Device native_device(c10::DeviceIndex index);
   // The native device's key for the layout of flagos key `flagos` (a
   // per-backend key: NestedTensorPrivateUse1 -> NestedTensorCPU/CUDA,
-  // SparsePrivateUse1 -> SparseCPU/CUDA).
+  // SparsePrivateUse1 -> SparseCPU/CUDA, SparseCsrPrivateUse1 ->
+  // SparseCsrCPU/CUDA).
   static c10::DispatchKey native_key_like(c10::DispatchKey flagos);
 
   // Room for `n` more views: a list argument's elements, without regrowing.
@@ -59,14 +60,22 @@ class NativeViews {
   // flagos did not allocate, copied) onto flagos device `device`.
   at::Tensor to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
-  // A nested or sparse COO flagos tensor's native twin: a tensor of the same
+  // Whether `t` is nested or sparse (COO or compressed): a tensor of
+  // components, which crosses to the native device as a twin (below).
+  static bool has_components(const at::Tensor& t) {
+    return t.is_nested() || t.is_sparse() || t.unsafeGetTensorImpl()->is_sparse_compressed();
+  }
+
+  // A nested or sparse flagos tensor's native twin: a tensor of the same
   // layout on the native device over the native views of its components (a
   // nested tensor's buffer, with the same sizes, strides and offsets; a
-  // sparse tensor's indices and values, with its sizes and coalesced flag).
-  // `buffers` keeps components made for the call alive (only their addresses
-  // are kept). Defined in nested_tensors.cpp and sparse_tensors.cpp.
+  // sparse COO tensor's indices and values, with its sizes and coalesced
+  // flag; a sparse compressed one's compressed and plain indices and values,
+  // with its sizes). `buffers` keeps components made for the call alive (only
+  // their addresses are kept). Defined in nested_tensors.cpp,
+  // sparse_tensors.cpp and sparse_compressed.cpp.
   at::Tensor layout_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
-  // to_flagos of a nested or sparse COO result: its components mapped as any
+  // to_flagos of a nested or sparse result: its components mapped as any
   // result (adopted, or on an argument's storage), put together the same way.
   at::Tensor layout_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
@@ -79,6 +88,8 @@ class NativeViews {
   at::Tensor nested_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
   at::Tensor sparse_view_of(const at::Tensor& flagos);
   at::Tensor sparse_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+  at::Tensor compressed_view_of(const at::Tensor& flagos);
+  at::Tensor compressed_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
 
   struct TensorPair {
     // Owned for the call: results are matched to views by TensorImpl address,

@@ -1,16 +1,21 @@
-// Sparse compressed tensors (CSR, CSC, BSR, BSC) on flagos: their structure
-// accessors, so that their data can come back.
+// Sparse compressed tensors (CSR, CSC, BSR, BSC: to_sparse_csr(),
+// torch.sparse.mm over a CSR matrix) on flagos.
 //
-// PyTorch builds such a tensor for any device without dispatching to it
-// (torch.sparse_csr_tensor(..., device="flagos"), cpu_csr.to("flagos")), so
-// flagos cannot refuse one where it is made. Every operator that needs a
-// kernel of the layout's own is refused (strided_only.cpp), but the accessors
-// are PyTorch's device-independent ones:
-// they hand out the dense component tensors, which are ordinary flagos
-// tensors. With them `.cpu()` (a composite copy, component by component),
-// `.values()`, `.crow_indices()` and the like work, as on CUDA.
+// A sparse compressed flagos tensor is PyTorch's SparseCsrTensorImpl whose
+// compressed indices, plain indices and values are flagos tensors
+// (SparseCsrPrivateUse1). PyTorch makes one for any device without
+// dispatching to it (torch.sparse_csr_tensor(..., device="flagos"),
+// cpu_csr.to("flagos")). Operators run the native device's kernels for the
+// layout (SparseCsrCPU, SparseCsrCUDA; layout_routing_kernel,
+// run_native_layout) on a twin: a tensor of the same layout and sizes on the
+// native device over the native views of the three components. A result of
+// such a layout comes back the same way (NativeViews::layout_to_flagos).
+// PyTorch's device-independent accessors below hand out the components
+// themselves.
 
+#include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_compressed_tensor_unsafe_native.h>
 #include <ATen/ops/ccol_indices_native.h>
 #include <ATen/ops/col_indices_native.h>
 #include <ATen/ops/crow_indices_native.h>
@@ -20,7 +25,43 @@
 #include <ATen/ops/values_native.h>
 #include <torch/library.h>
 
+#include "aten/fallback.h"
+#include "aten/native_view.h"
+
 namespace torch_fl::aten {
+namespace {
+
+// The impl's own members: the operators (crow_indices(), values()) would
+// dispatch a flagos tensor back here.
+const at::SparseCsrTensorImpl& compressed_impl(const at::Tensor& t) {
+  return *static_cast<const at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+// A tensor of `like`'s layout and sizes over the given components, on their
+// device. No checks: the components are those of a valid tensor.
+at::Tensor compressed_like(const at::Tensor& like, const at::Tensor& compressed,
+                           const at::Tensor& plain, const at::Tensor& values) {
+  return at::native::_sparse_compressed_tensor_unsafe_symint(
+      compressed, plain, values, like.sym_sizes(), like.scalar_type(), like.layout(),
+      values.device());
+}
+
+}  // namespace
+
+at::Tensor NativeViews::compressed_view_of(const at::Tensor& flagos) {
+  // The components are the flagos tensor's own, alive for the call.
+  const at::SparseCsrTensorImpl& impl = compressed_impl(flagos);
+  const at::Tensor compressed = view_of(impl.compressed_indices());
+  const at::Tensor plain = view_of(impl.plain_indices());
+  return compressed_like(flagos, compressed, plain, view_of(impl.values()));
+}
+
+at::Tensor NativeViews::compressed_to_flagos(const at::Tensor& native, c10::DeviceIndex device) {
+  const at::SparseCsrTensorImpl& impl = compressed_impl(native);
+  const at::Tensor compressed = to_flagos(impl.compressed_indices(), device);
+  const at::Tensor plain = to_flagos(impl.plain_indices(), device);
+  return compressed_like(native, compressed, plain, to_flagos(impl.values(), device));
+}
 
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("values", TORCH_FN(at::native::values_sparse_csr));
@@ -31,6 +72,10 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
   m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_routing_kernel>());
 }
 
 }  // namespace torch_fl::aten

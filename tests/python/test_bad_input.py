@@ -525,13 +525,12 @@ FOREIGN_CASES = [
      raises("RuntimeError", "same device", "flagos:0", "cpu", "aten::add.Tensor"), ()),
     ("sparse flagos.cumsum()", "torch.ones(2).to_sparse().to('flagos').cumsum(0)",
      raises("NotImplementedError", "aten::cumsum", "sparse COO", "there is none", ".to_dense()"), ()),
-    ("sparse csr(flagos).to_dense()", "torch.eye(3).to_sparse_csr().to('flagos').to_dense()",
-     raises("NotImplementedError", "sparse compressed", ".to_dense()"), ()),
-    # a kernel's sparse compressed result is refused with flagos' words, not "Cannot access storage"
-    ("flagos.to_sparse_csr()", "torch.eye(3, device='flagos').to_sparse_csr()",
-     raises("NotImplementedError", "layout SparseCsr", "strided and dense"), ()),
-    ("flagos.to_sparse(layout=csc)", "torch.eye(3, device='flagos').to_sparse(layout=torch.sparse_csc)",
-     raises("NotImplementedError", "layout SparseCsc", "strided and dense"), ()),
+    ("sparse csr flagos.softmax()", "torch.eye(3).to_sparse_csr().to('flagos').softmax(1)",
+     raises("NotImplementedError", "sparse compressed", "there is none", ".to_dense()"), ()),
+    # a kernel's result of a layout flagos has no twin for is refused with flagos' words
+    ("flagos.to_mkldnn()", "torch.eye(3, device='flagos').to_mkldnn()",
+     raises("NotImplementedError", "layout Mkldnn", "strided, nested or sparse",
+            ".cpu().to_mkldnn()"), ()),
     # an operator only CUDA implements, on the host driver: named with the CPU's backend name
     ("cuda-only op on the host", "torch.ops.aten._cudnn_rnn_flatten_weight("
      "[torch.ones(4, device='flagos')], 1, 4, 4, 4, 0, 1, False, False)",
