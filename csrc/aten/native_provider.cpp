@@ -101,7 +101,7 @@ struct LayoutTensors {
   at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
                         bool index_list) const {
     if (t.defined() && NativeViews::has_components(t) && t.device().type() == kFlagos) {
-      return call.layout_arg(t, buffers);
+      return is_write ? call.written_layout_arg(t, buffers) : call.layout_arg(t, buffers);
     }
     return DenseTensors{}(call, t, is_write, index_list);
   }

@@ -289,6 +289,25 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
   }
 }
 
+void NativeViews::layout_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin,
+                                   c10::DeviceIndex device) {
+  // A nested kernel writes into its output's buffer and keeps its metadata.
+  if (flagos->is_sparse()) {
+    sparse_sync_back(flagos, twin, device);
+  } else if (flagos->is_sparse_compressed()) {
+    compressed_sync_back(flagos, twin, device);
+  }
+}
+
+at::Tensor NativeViews::component_to_flagos(const at::Tensor& native, const at::Tensor& flagos,
+                                            c10::DeviceIndex device) {
+  at::Tensor mapped = to_flagos(native, device);
+  if (mapped.unsafeGetTensorImpl() == flagos.unsafeGetTensorImpl()) {
+    sync_back(flagos.unsafeGetTensorImpl(), native);
+  }
+  return mapped;
+}
+
 at::Tensor NativeViews::to_flagos(const at::Tensor& native,
                                   c10::DeviceIndex device) {
   if (!native.defined() || native.device().type() == kFlagos) return native;

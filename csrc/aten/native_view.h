@@ -82,6 +82,10 @@ class NativeViews {
   // After a kernel ran: carries changes a kernel made to the native view of a
   // mutable argument (resize, restride, a grown storage) to the flagos tensor.
   void sync_back(c10::TensorImpl* flagos, const at::Tensor& native_view);
+  // The same for the twin of a written nested or sparse argument: a sparse
+  // kernel gives its output new components, sizes and flags (add_, zero_,
+  // copy_, sparse_resize_and_clear_), which the flagos tensor takes over.
+  void layout_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin, c10::DeviceIndex device);
 
  private:
   at::Tensor nested_view_of(const at::Tensor& flagos, std::vector<at::Tensor>& buffers);
@@ -90,6 +94,15 @@ class NativeViews {
   at::Tensor sparse_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
   at::Tensor compressed_view_of(const at::Tensor& flagos);
   at::Tensor compressed_to_flagos(const at::Tensor& native, c10::DeviceIndex device);
+  void sparse_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin, c10::DeviceIndex device);
+  void compressed_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin,
+                            c10::DeviceIndex device);
+  // to_flagos of a twin's component after a kernel ran: `flagos`, the flagos
+  // tensor's own component, when the twin still holds its view (with what
+  // the kernel changed in that view carried over), else the component mapped
+  // as any result.
+  at::Tensor component_to_flagos(const at::Tensor& native, const at::Tensor& flagos,
+                                 c10::DeviceIndex device);
 
   struct TensorPair {
     // Owned for the call: results are matched to views by TensorImpl address,

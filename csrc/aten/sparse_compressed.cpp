@@ -63,6 +63,17 @@ at::Tensor NativeViews::compressed_to_flagos(const at::Tensor& native, c10::Devi
   return compressed_like(native, compressed, plain, to_flagos(impl.values(), device));
 }
 
+void NativeViews::compressed_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin,
+                                       c10::DeviceIndex device) {
+  auto* impl = static_cast<at::SparseCsrTensorImpl*>(flagos);
+  const at::SparseCsrTensorImpl& native = compressed_impl(twin);
+  at::Tensor compressed =
+      component_to_flagos(native.compressed_indices(), impl->compressed_indices(), device);
+  at::Tensor plain = component_to_flagos(native.plain_indices(), impl->plain_indices(), device);
+  at::Tensor values = component_to_flagos(native.values(), impl->values(), device);
+  impl->set_member_tensors(compressed, plain, values, native.sizes());
+}
+
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("values", TORCH_FN(at::native::values_sparse_csr));
   m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));

@@ -56,6 +56,17 @@ at::Tensor NativeViews::sparse_to_flagos(const at::Tensor& native, c10::DeviceIn
   return sparse_like(sparse, indices, to_flagos(sparse.values(), device));
 }
 
+void NativeViews::sparse_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin,
+                                   c10::DeviceIndex device) {
+  auto* impl = static_cast<at::SparseTensorImpl*>(flagos);
+  const at::SparseTensorImpl& native = sparse_impl(twin);
+  at::Tensor indices = component_to_flagos(native.indices(), impl->indices(), device);
+  at::Tensor values = component_to_flagos(native.values(), impl->values(), device);
+  impl->raw_resize_(native.sparse_dim(), native.dense_dim(), native.sizes());
+  impl->set_indices_and_values_unsafe(indices, values);
+  impl->set_coalesced(native.coalesced());
+}
+
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&layout_routing_kernel>());
 }

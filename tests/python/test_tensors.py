@@ -937,6 +937,84 @@ def test_sparse_coo_tensors_match_the_cpu():
     assert_same(got_back, want_back, rtol=tol, atol=tol)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
+def test_sparse_in_place_operators_match_the_cpu():
+    # A sparse kernel gives its in-place output new indices, values, sizes and
+    # flags: the flagos tensor takes them over, and the call returns it.
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
+    torch.manual_seed(0)
+    indices = torch.tensor([[0, 1, 1, 0], [2, 0, 2, 2]])
+    values = torch.randn(4)
+    dense = torch.randn(3, 4)
+    dense[dense.abs() < 0.5] = 0
+    coo_cases = {
+        "copy_": lambda a, b: a.copy_(b),
+        "add_": lambda a, b: a.add_(b, alpha=2),
+        "mul_": lambda a, b: a.mul_(3),
+        "div_": lambda a, b: a.div_(2),
+        "zero_": lambda a, b: a.zero_(),
+        "resize_as_": lambda a, b: a.resize_as_(b.coalesce()),
+        "sparse_resize_and_clear_": lambda a, b: a.sparse_resize_and_clear_((3, 4), 2, 0),
+        "_coalesced_": lambda a, b: a._coalesced_(True),
+        "out=": lambda a, b: torch.add(b, b, out=a),
+    }
+    csr_cases = {
+        "copy_": lambda a: a.copy_(a * 2),
+        "mul_": lambda a: a.mul_(3),
+        "add_": lambda a: a.add_(a),
+        "zero_": lambda a: a.zero_(),
+        "resize_as_": lambda a: a.resize_as_(torch.eye(5).to_sparse_csr().to(a.device)),
+    }
+
+    def run(device):
+        results = []
+        for fn in coo_cases.values():
+            # values cloned: a CPU sparse tensor shares them, and in-place kernels write them
+            a = torch.sparse_coo_tensor(indices, values.clone(), (2, 3)).to(device)
+            b = torch.sparse_coo_tensor(indices[:, :2], values[:2] * 5, (2, 3)).to(device)
+            assert fn(a, b) is a
+            results.append((a.to_dense(), a._indices(), a._values(), a.is_coalesced()))
+        for fn in csr_cases.values():
+            a = dense.to(device).to_sparse_csr()
+            assert fn(a) is a
+            results.append((a.to_dense(), a.crow_indices(), a.col_indices(), a.values()))
+        return results
+
+    got, want = run("flagos"), run("cpu")
+    for name, g, w in zip([*coo_cases, *(f"csr {n}" for n in csr_cases)], got, want):
+        for gt, wt in zip(g, w):
+            if isinstance(wt, bool):
+                assert gt == wt, name
+            else:
+                assert gt.device == DEV, name
+                assert_same(gt, wt, rtol=tol, atol=tol)
+
+
+def test_sparse_gradients_accumulate_as_on_the_cpu():
+    # Two backward passes without zero_grad: autograd adds the second sparse
+    # gradient into the first in place.
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4)
+    batches = [torch.randint(0, 10, (3, 5)) for _ in range(3)]
+
+    def run(device):
+        emb = torch.nn.Embedding(10, 4, sparse=True).to(device)
+        with torch.no_grad():
+            emb.weight.copy_(weight)
+        for idx in batches:
+            emb(idx.to(device)).square().sum().backward()
+        return emb.weight.grad
+
+    got, want = run("flagos"), run("cpu")
+    assert got.is_sparse and got.device == DEV
+    assert_same(got.to_dense(), want.to_dense(), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("bag", [False, True])
 def test_sparse_gradients_train_as_on_the_cpu(bag):
     # nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True) give sparse
