@@ -63,3 +63,95 @@ def test_trainer_trains_on_flagos_as_on_the_cpu(run_py):
     assert len(flagos["losses"]) == 4
     assert flagos["losses"] == cpu["losses"]
     assert flagos["weight"] == cpu["weight"]
+
+
+RESUME = r"""
+import json, os, sys, tempfile
+import torch, torch_fl
+import transformers as T
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 32
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 128, (12,), generator=g), "labels": torch.tensor(i % 2)}
+
+def train(out, max_steps, resume=None):
+    torch.manual_seed(0)
+    # Dropout draws from the model's device generator in every step.
+    model = T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, num_labels=2, hidden_dropout_prob=0.3))
+    args = T.TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=max_steps,
+                               save_steps=2, save_strategy="steps", logging_steps=1, report_to=[],
+                               learning_rate=1e-3, seed=1, lr_scheduler_type="constant",
+                               disable_tqdm=True)
+    trainer = T.Trainer(model=model, args=args, train_dataset=Data())
+    trainer.train(resume_from_checkpoint=resume)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return losses, model.classifier.weight.detach().cpu().double().sum().item(), str(model.device)
+
+whole, halves = tempfile.mkdtemp(), tempfile.mkdtemp()
+losses, weight, device = train(whole, 4)
+train(halves, 2)
+checkpoint = os.path.join(halves, "checkpoint-2")
+resumed, resumed_weight, _ = train(halves, 4, resume=checkpoint)
+keys = sorted(torch.load(os.path.join(checkpoint, "rng_state.pth"), weights_only=False))
+print(json.dumps({"device": device, "losses": losses, "resumed": resumed, "weight": weight,
+                  "resumed_weight": resumed_weight, "keys": keys}))
+"""
+
+
+def test_trainer_resumes_with_the_flagos_random_state(run_py):
+    # transformers saves and restores the generators of the device types it
+    # lists; flagos' joins them, so a resumed run draws the same dropout masks.
+    rc, out, err = run_py(RESUME, timeout=300)
+    assert rc == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["device"] == "flagos:0", got
+    assert "flagos" in got["keys"], got
+    assert len(got["losses"]) == 4 and got["resumed"][-2:] == got["losses"][-2:], got
+    assert got["resumed_weight"] == got["weight"], got
+
+
+PIPELINE = r"""
+import json
+import torch, torch_fl
+import transformers as T
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + "the a cat dog sat on mat good bad movie".split()
+tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                   special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+tokenizer = T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                      cls_token="[CLS]", sep_token="[SEP]")
+torch.manual_seed(0)
+model = T.BertForSequenceClassification(T.BertConfig(
+    vocab_size=len(words), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=128, num_labels=3)).eval()
+texts = ["the cat sat on the mat", "a bad movie", "good dog"]
+want = T.pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu",
+                  top_k=None)(texts)
+got = {}
+for name, kwargs in {"none": {}, "index": {"device": 0}, "name": {"device": "flagos"}}.items():
+    model.to("flagos")
+    pipe = T.pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None, **kwargs)
+    got[name] = {"pipe": str(pipe.device), "model": str(model.device), "out": pipe(texts)}
+print(json.dumps({"want": want, "got": got}))
+"""
+
+
+def test_pipeline_keeps_a_flagos_model_on_flagos(run_py):
+    # transformers maps "no device" and an index to an accelerator from a
+    # fixed list, else to the CPU: a flagos model was moved to the CPU.
+    rc, out, err = run_py(PIPELINE, timeout=300)
+    assert rc == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    for name, got in result["got"].items():
+        assert got["model"] == "flagos:0", (name, got)
+        # device="flagos" stays unindexed, as device="cuda" does.
+        assert got["pipe"] == ("flagos" if name == "name" else "flagos:0"), (name, got)
+        # The host driver runs the CPU's kernels: the same scores, bit for bit.
+        assert got["out"] == result["want"], (name, got)
