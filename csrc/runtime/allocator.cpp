@@ -250,21 +250,24 @@ c10::DataPtr FlagosAllocator::allocate_on(c10::DeviceIndex device,
       if (within_limit()) ptr = d.allocate(device, size);
     }
     if (ptr == nullptr) {
+      // Opening as CUDA's message does ("... out of memory. Tried to
+      // allocate"): libraries that retry with smaller batches match that text
+      // (accelerate's find_executable_batch_size, Trainer's auto_find_batch_size).
       p.stats.num_ooms++;
       auto info = d.memoryInfo(device);
       auto allocated = p.stats.allocated_bytes[0].current;
       TORCH_CHECK_WITH(
-          OutOfMemoryError, within_limit(), "flagos out of memory on device ",
-          static_cast<int>(device), ": tried to allocate ", format_bytes(nbytes),
+          OutOfMemoryError, within_limit(), "flagos out of memory. Tried to allocate ",
+          format_bytes(nbytes), " on device ", static_cast<int>(device),
           ", but this process may hold ", format_bytes(p.limit), " (",
           p.fraction, " of the device's ", format_bytes(info.total_bytes),
           ", set by set_per_process_memory_fraction), and ", format_bytes(allocated),
           " is held by flagos tensors; the flagos cache was emptied before this error.");
       TORCH_CHECK_WITH(
-          OutOfMemoryError, false, "flagos out of memory on device ",
-          static_cast<int>(device), ": tried to allocate ", format_bytes(nbytes),
-          ". The device has ", format_bytes(info.total_bytes), " in all, ",
-          format_bytes(info.free_bytes), " free; ", format_bytes(allocated),
+          OutOfMemoryError, false, "flagos out of memory. Tried to allocate ",
+          format_bytes(nbytes), " on device ", static_cast<int>(device), ". The device has ",
+          format_bytes(info.total_bytes), " in all, ", format_bytes(info.free_bytes), " free; ",
+          format_bytes(allocated),
           " is held by flagos tensors and the flagos cache was emptied before "
           "this error.",
           d.name() == "host"

@@ -119,6 +119,18 @@ torch.flagos.set_per_process_memory_fraction(1.0, 1)
 e1 = torch.empty(40 * MiB, dtype=torch.uint8, device="flagos:1")
 del e1
 print("FRACTION_OK")
+
+# 7. a library that retries with a smaller batch on OOM recognises flagos' (accelerate
+# matches the words of CUDA's message)
+try:
+    from accelerate.utils.memory import find_executable_batch_size
+except ImportError:
+    print("BATCH_SKIPPED")
+else:
+    @find_executable_batch_size(starting_batch_size=256)
+    def fit(batch):
+        return torch.empty(batch * MiB, dtype=torch.uint8, device="flagos:0").numel() // MiB
+    print("BATCH", fit())
 """
 
 
@@ -483,7 +495,8 @@ def test_oom_raises_out_of_memory_error_naming_size_and_free(oom_run):
     rc, out, err = oom_run.result()
     assert "OOM1:" in out, (rc, out, err)
     line = next(line for line in out.splitlines() if line.startswith("OOM1:"))
-    assert "128.00 MiB" in line
+    # CUDA's opening words, which libraries match (accelerate's batch-size search)
+    assert "flagos out of memory. Tried to allocate 128.00 MiB on device 0." in line
     assert "free" in line
     assert "FLAGOS_HOST_MEMORY_LIMIT" in line
 
@@ -516,6 +529,14 @@ def test_per_process_memory_fraction_caps_one_device(oom_run):
     line = next(line for line in out.splitlines() if line.startswith("OOM3:"))
     assert "10.00 MiB" in line and "16.00 MiB" in line and "0.25" in line, line
     assert "set_per_process_memory_fraction" in line, line
+
+
+def test_oom_lets_accelerate_find_a_batch_that_fits(oom_run):
+    pytest.importorskip("accelerate")
+    rc, out, err = oom_run.result()
+    line = next((line for line in out.splitlines() if line.startswith("BATCH ")), None)
+    assert line is not None, (rc, out, err)
+    assert 0 < int(line.split()[1]) <= 64, line  # halved from 256 until it fit the 64 MiB device
 
 
 # ---------------------------------------------------------------- pinned memory
