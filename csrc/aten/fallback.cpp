@@ -286,9 +286,14 @@ Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend b
   return run_on(op, plan, backend, stack, python_kernel, flaggems_desc);
 }
 
-// Composite kernels that refuse devices other than CPU/CUDA/XPU; through the
-// routing path they run on native views, where the check passes.
-constexpr std::string_view kDeviceCheckingComposites[] = {"mode.values"};
+// Composite kernels that run on native views through the routing path, as
+// the native device's own operators: those that refuse devices other than
+// CPU/CUDA/XPU (mode.values), where the check then passes; and in-place ones
+// that call their out= form with `self` twice (addr_), whose native kernel
+// tells the in-place call from an out= one by the argument's address and
+// checks `self`'s shape only for the in-place one. A boxed out= call holds the
+// two in separate stack slots: a wrongly shaped `self` was resized instead.
+constexpr std::string_view kCompositesRoutedWhole[] = {"mode.values", "addr_"};
 
 void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   boxed_routing_kernel(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
@@ -310,11 +315,11 @@ void register_direct_routes() {
       bool composite = op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
                        op->hasKernelForDispatchKey(K::CompositeExplicitAutograd);
       bool native = op->hasKernelForDispatchKey(K::CPU) || op->hasKernelForDispatchKey(K::CUDA);
-      bool device_checked = std::find(std::begin(kDeviceCheckingComposites),
-                                      std::end(kDeviceCheckingComposites),
-                                      full) != std::end(kDeviceCheckingComposites);
+      bool routed_whole = std::find(std::begin(kCompositesRoutedWhole),
+                                    std::end(kCompositesRoutedWhole),
+                                    full) != std::end(kCompositesRoutedWhole);
       if (op->hasKernelForDispatchKey(K::PrivateUse1) ||
-          !((composite && native) || device_checked)) {
+          !((composite && native) || routed_whole)) {
         continue;
       }
       lib->impl(full.c_str(),

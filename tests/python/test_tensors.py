@@ -1148,3 +1148,28 @@ def test_nested_tensor_operators_and_autograd_match_the_cpu():
         assert_same(got, want, rtol=tol, atol=tol)
     stats = {s.op: s.calls for s in torch_fl.routing.stats()}
     assert stats["aten::linear"].get("native", 0) >= 1
+
+
+@pytest.mark.parametrize("shape", [(3, 1), (), (2, 3)])
+def test_addr_in_place_refuses_a_self_of_the_wrong_shape(shape):
+    # addr_ calls addr's out= form with self twice; the native kernel checks
+    # self's shape only when it sees one argument, by its address.
+    v1, v2 = torch.randn(3), torch.randn(2)
+    cpu = torch.randn(shape)
+    flagos = cpu.to("flagos")
+    with pytest.raises(RuntimeError) as want:
+        cpu.clone().addr_(v1, v2)
+    with pytest.raises(RuntimeError) as got:
+        flagos.addr_(v1.to("flagos"), v2.to("flagos"))
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+    assert flagos.shape == shape and torch.equal(flagos.cpu(), cpu)  # untouched
+
+
+def test_addr_in_place_matches_the_cpu():
+    v1, v2, cpu = torch.randn(3), torch.randn(2), torch.randn(3, 2)
+    flagos = cpu.to("flagos")
+    assert flagos.addr_(v1.to("flagos"), v2.to("flagos"), beta=0.5, alpha=2) is flagos
+    import torch_fl
+
+    tol = 1e-6 if torch_fl.driver() == "cuda" else 0.0
+    assert_same(flagos, cpu.addr_(v1, v2, beta=0.5, alpha=2), rtol=tol, atol=tol)
