@@ -11,7 +11,7 @@
 // native device over the native views of the three components. A result of
 // such a layout comes back the same way (NativeViews::layout_to_flagos).
 // PyTorch's device-independent accessors below hand out the components
-// themselves.
+// themselves; its empty_like makes the result on the device asked for.
 
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/ops/_nnz_native.h>
@@ -20,6 +20,7 @@
 #include <ATen/ops/col_indices_native.h>
 #include <ATen/ops/crow_indices_native.h>
 #include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/row_indices_native.h>
 #include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/values_native.h>
@@ -83,6 +84,9 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
   m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+  // Device-independent too, making the result where the options say
+  // (empty_like(t, device="cpu")), as sparse_tensors.cpp's COO one.
+  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_csr));
 }
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {

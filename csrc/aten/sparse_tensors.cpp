@@ -14,6 +14,7 @@
 
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <torch/library.h>
 
 #include "aten/fallback.h"
@@ -65,6 +66,13 @@ void NativeViews::sparse_sync_back(c10::TensorImpl* flagos, const at::Tensor& tw
   impl->raw_resize_(native.sparse_dim(), native.dense_dim(), native.sizes());
   impl->set_indices_and_values_unsafe(indices, values);
   impl->set_coalesced(native.coalesced());
+}
+
+// PyTorch's device-independent kernel: it reads the sizes and dims alone and
+// makes the result where the options say (empty_like(t, device="cpu") and the
+// *_like family), which the native kernel on a twin would put on flagos.
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_coo));
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {

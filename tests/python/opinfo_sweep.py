@@ -417,7 +417,7 @@ class Result:
 # the worker: runs samples and prints one line per event
 
 
-def _ensure_expecttest() -> None:
+def ensure_expecttest() -> None:
     """torch.testing._internal.common_utils imports ``expecttest`` (a test-only
     PyPI package, in requirements-dev.txt) for one base class; without it a
     stand-in is enough for op_db."""
@@ -564,7 +564,7 @@ def _load_runner(stride: int, offset: int, only: set | None,
     import warnings
 
     warnings.simplefilter("ignore")
-    _ensure_expecttest()
+    ensure_expecttest()
     import torch
     import torch_fl  # noqa: F401  registers the flagos device
     from torch.testing._internal.common_methods_invocations import op_db
