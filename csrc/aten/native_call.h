@@ -64,14 +64,6 @@ class NativeCall {
     tensor_named_device_ = true;
     return views_.layout_view_of(t, buffers);
   }
-  // The same for one the kernel may write (schema `(a!)`): the twin's
-  // changes go back to `t` (sync_written), and a result that is the twin is
-  // `t` itself (layout_result).
-  at::Tensor written_layout_arg(const at::Tensor& t, std::vector<at::Tensor>& buffers) {
-    at::Tensor twin = layout_arg(t, buffers);
-    written_layouts_.emplace_back(t.unsafeGetTensorImpl(), twin);
-    return twin;
-  }
   // Room for a list argument of `n` tensors, before its elements go to arg().
   void reserve(size_t n) { views_.reserve(n); }
 
@@ -123,19 +115,18 @@ class NativeCall {
   // its flagos tensor.
   void sync_written() {
     for (auto& [flagos, native] : written_) views_.sync_back(flagos, native);
-    for (auto& [flagos, twin] : written_layouts_) views_.layout_sync_back(flagos, twin, device_);
   }
 
   // The flagos tensor for a tensor the kernel returned (see NativeViews).
   at::Tensor result(const at::Tensor& native) { return views_.to_flagos(native, device_); }
   // The same for a nested or sparse one (NativeViews::layout_to_flagos).
   at::Tensor layout_result(const at::Tensor& native) {
-    for (auto& [flagos, twin] : written_layouts_) {
-      if (twin.unsafeGetTensorImpl() == native.unsafeGetTensorImpl()) {
-        return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(flagos));
-      }
-    }
     return views_.layout_to_flagos(native, device_);
+  }
+  // After the kernel: a written nested or sparse argument takes its twin's
+  // changes (NativeViews::layout_sync_back).
+  void sync_written_layout(c10::TensorImpl* flagos, const at::Tensor& twin) {
+    views_.layout_sync_back(flagos, twin, device_);
   }
 
   // The dispatch key of the native kernels.
@@ -157,8 +148,6 @@ class NativeCall {
   bool tensor_named_device_ = false;  // a flagos tensor argument set device_
   bool no_flagos_argument_ = false;   // device_ is the current device: no argument named one
   c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 2> written_;  // (flagos, view)
-  // (flagos, twin): written nested or sparse arguments.
-  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 1> written_layouts_;
   c10::SmallVector<std::pair<c10::TensorImpl*, bool>, 2> foreign_;  // (tensor, index_list)
 };
 

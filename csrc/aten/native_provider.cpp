@@ -84,30 +84,44 @@ void translate_results(const OpPlan& plan, torch::jit::Stack* stack, Map&& map) 
 }
 
 // A flagos tensor argument's native view (NativeCall::arg, written_arg), and
-// a result's flagos tensor (NativeCall::result).
+// a result's flagos tensor (NativeCall::result). Written arguments go back
+// through NativeCall::sync_written; nothing more to do after the kernel.
 struct DenseTensors {
   at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
                         bool index_list) const {
     return is_write ? call.written_arg(t) : call.arg(t, index_list);
   }
+  void sync(NativeCall&) const {}
   at::Tensor result(NativeCall& call, const at::Tensor& r) const { return call.result(r); }
 };
 
 // The same, and nested and sparse tensors: an argument's native twin
-// (NativeCall::layout_arg), a result's flagos tensor (layout_result).
+// (NativeCall::layout_arg), a result's flagos tensor (layout_result). A
+// written one (`(a!)`: add_, zero_, out=) takes its twin's changes after the
+// kernel, and a result that is its twin is the argument itself.
 struct LayoutTensors {
   std::vector<at::Tensor>& buffers;
+  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 1> written{};  // (flagos, twin)
 
-  at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write,
-                        bool index_list) const {
+  at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write, bool index_list) {
     if (t.defined() && NativeViews::has_components(t) && t.device().type() == kFlagos) {
-      return is_write ? call.written_layout_arg(t, buffers) : call.layout_arg(t, buffers);
+      at::Tensor twin = call.layout_arg(t, buffers);
+      if (is_write) written.emplace_back(t.unsafeGetTensorImpl(), twin);
+      return twin;
     }
     return DenseTensors{}(call, t, is_write, index_list);
   }
+  void sync(NativeCall& call) const {
+    for (const auto& [flagos, twin] : written) call.sync_written_layout(flagos, twin);
+  }
   at::Tensor result(NativeCall& call, const at::Tensor& r) const {
-    return r.defined() && NativeViews::has_components(r) ? call.layout_result(r)
-                                                         : call.result(r);
+    if (!r.defined() || !NativeViews::has_components(r)) return call.result(r);
+    for (const auto& [flagos, twin] : written) {
+      if (twin.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
+        return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(flagos));
+      }
+    }
+    return call.layout_result(r);
   }
 };
 
@@ -136,6 +150,7 @@ void with_native_views(const c10::OperatorHandle& op, const OpPlan& plan,
   }
   call.run(kernel);
   call.sync_written();
+  tensors.sync(call);
   translate_results(plan, stack, [&](const at::Tensor& r) { return tensors.result(call, r); });
 }
 
