@@ -277,6 +277,13 @@ void layout_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ke
       " is routed to 'cpu', which copies dense tensors only: a nested or sparse flagos tensor "
       "cannot take it. Route it to the native kernels (docs/routing.md: FLAGOS_OP_<op>=native), "
       "or make the tensor dense (.to_padded_tensor(padding), .to_dense()).");
+  // A collective completes after its kernel returns, into the twins: the
+  // flagos tensors would never see the result.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !op.schema().name().starts_with("c10d::"), "flagos: ", plan.name,
+      ": collectives of nested or sparse flagos tensors are not supported (the flagos backend "
+      "reduces dense tensors). Make them dense first (.to_dense(); nn.Embedding(sparse=False) "
+      "under DDP).");
   count_call(plan, {backend, false});
   run_native_layout(op, plan, keys, stack);
 }

@@ -96,29 +96,44 @@ struct DenseTensors {
 };
 
 // The same, and nested and sparse tensors: an argument's native twin
-// (NativeCall::layout_arg), a result's flagos tensor (layout_result). A
-// written one (`(a!)`: add_, zero_, out=) takes its twin's changes after the
-// kernel, and a result that is its twin is the argument itself.
+// (NativeCall::layout_arg), a result's flagos tensor (layout_result). A tensor
+// given twice gets one twin: kernels compare arguments by identity
+// (multi-head attention's fused self-attention projection; smm passes its
+// output as its input). A written one (`(a!)`: add_, zero_, out=) takes its
+// twin's changes after the kernel, and a result that is its twin is the
+// argument itself.
 struct LayoutTensors {
   std::vector<at::Tensor>& buffers;
-  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 1> written{};  // (flagos, twin)
+  struct Twin {
+    c10::TensorImpl* flagos;
+    at::Tensor native;
+    bool written;
+  };
+  c10::SmallVector<Twin, 2> twins{};
 
   at::Tensor operator()(NativeCall& call, const at::Tensor& t, bool is_write, bool index_list) {
     if (t.defined() && NativeViews::has_components(t) && t.device().type() == kFlagos) {
-      at::Tensor twin = call.layout_arg(t, buffers);
-      if (is_write) written.emplace_back(t.unsafeGetTensorImpl(), twin);
-      return twin;
+      for (Twin& twin : twins) {
+        if (twin.flagos == t.unsafeGetTensorImpl()) {
+          twin.written |= is_write;
+          return twin.native;
+        }
+      }
+      twins.push_back({t.unsafeGetTensorImpl(), call.layout_arg(t, buffers), is_write});
+      return twins.back().native;
     }
     return DenseTensors{}(call, t, is_write, index_list);
   }
   void sync(NativeCall& call) const {
-    for (const auto& [flagos, twin] : written) call.sync_written_layout(flagos, twin);
+    for (const Twin& twin : twins) {
+      if (twin.written) call.sync_written_layout(twin.flagos, twin.native);
+    }
   }
   at::Tensor result(NativeCall& call, const at::Tensor& r) const {
     if (!r.defined() || !NativeViews::has_components(r)) return call.result(r);
-    for (const auto& [flagos, twin] : written) {
-      if (twin.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
-        return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(flagos));
+    for (const Twin& twin : twins) {
+      if (twin.written && twin.native.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) {
+        return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(twin.flagos));
       }
     }
     return call.layout_result(r);

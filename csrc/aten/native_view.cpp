@@ -329,6 +329,9 @@ at::Tensor NativeViews::to_flagos(const at::Tensor& native,
       return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(t->flagos));
     }
     if (TensorPair* t = tensor_of_native_storage_.find(tensors_, ns, tensor_by_native_storage)) {
+      // A nested view of an argument's buffer (_nested_view_from_buffer, as
+      // torch.load rebuilds nested tensors) has no strides to copy.
+      if (C10_UNLIKELY(native.is_nested())) return nested_to_flagos(native, device);
       return flagos_tensor_on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
                                   t->flagos->unsafe_storage().unsafeGetStorageImpl())),
                               native);

@@ -19,6 +19,7 @@
 #include <ATen/ops/ccol_indices_native.h>
 #include <ATen/ops/col_indices_native.h>
 #include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/copy_native.h>
 #include <ATen/ops/dense_dim_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/row_indices_native.h>
@@ -87,6 +88,8 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   // Device-independent too, making the result where the options say
   // (empty_like(t, device="cpu")), as sparse_tensors.cpp's COO one.
   m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_csr));
+  // Component by component, across devices too (a copy from the CPU).
+  m.impl("copy_", TORCH_FN(at::native::copy_sparse_compressed_));
 }
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {

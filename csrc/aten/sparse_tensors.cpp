@@ -14,6 +14,8 @@
 
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/copy_sparse_to_sparse_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <torch/library.h>
 
@@ -68,11 +70,17 @@ void NativeViews::sparse_sync_back(c10::TensorImpl* flagos, const at::Tensor& tw
   impl->set_coalesced(native.coalesced());
 }
 
-// PyTorch's device-independent kernel: it reads the sizes and dims alone and
-// makes the result where the options say (empty_like(t, device="cpu") and the
-// *_like family), which the native kernel on a twin would put on flagos.
+// PyTorch's device-independent kernels. empty_like reads the sizes and dims
+// alone and makes the result where the options say (empty_like(t,
+// device="cpu") and the *_like family), which the native kernel on a twin
+// would put on flagos.
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_coo));
+  // Device-independent as well (indices and values moved with .to()): a copy
+  // between a sparse flagos tensor and one of another device (DDP's sparse
+  // gradients), which a twin of each could not take.
+  m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
+  m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {

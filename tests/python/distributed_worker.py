@@ -606,6 +606,10 @@ def errors():
                                             on(data(RANK))),
         "all_gather_into_tensor", "output_tensor is Double", "input_tensor is Float",
         "input's dtype", kind=TypeError))  # NCCL's type too
+    # A sparse collective completes into the native twins: refused, never a silent no-op.
+    record("sparse_tensor_refused", lambda: expect_error(
+        lambda: dist.all_reduce(on(data(RANK)).to_sparse()),
+        "allreduce_", "nested or sparse flagos tensors", ".to_dense()", kind=NotImplementedError))
     record("all_to_all_wrong_world_size", lambda: expect_error(
         lambda: dist.all_to_all([on(torch.empty(2))] * (WORLD + 1), [on(torch.empty(2))] * (WORLD + 1)),
         "all_to_all", f"{WORLD} ranks"))

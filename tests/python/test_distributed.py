@@ -47,7 +47,8 @@ BAD_INPUT = [
     "cpu_tensor_to_flagos_backend", "cpu_input_with_flagos_output",
     "tensors_on_two_flagos_devices", "all_gather_list_of_wrong_world_size",
     "all_gather_into_tensor_wrong_size", "reduce_scatter_tensor_wrong_size",
-    "output_of_another_dtype", "all_to_all_wrong_world_size", "group_usable_after_errors",
+    "output_of_another_dtype", "sparse_tensor_refused", "all_to_all_wrong_world_size",
+    "group_usable_after_errors",
 ]
 
 

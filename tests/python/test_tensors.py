@@ -1261,3 +1261,72 @@ def test_opinfo_sparse_samples_match_the_cpu(layout):
                         values=op.name != "randn_like")
                 compared += 1
     assert compared > 0, f"no OpInfo declares {layout}"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("direction", ["cpu->flagos", "flagos->cpu", "flagos:0->flagos:1"])
+def test_sparse_copy_across_devices(layout, direction):
+    # PyTorch's sparse copy_ moves the components itself (DDP copies a
+    # reduced sparse gradient into the parameter's): no twin can take the
+    # other device's tensor.
+    torch.manual_seed(0)
+    dense = torch.randn(4, 5)
+    dense[dense.abs() < 0.7] = 0
+    make = (lambda t: t.to_sparse()) if layout == "coo" else (lambda t: t.to_sparse_csr())
+    source, target = {"cpu->flagos": ("cpu", "flagos:0"), "flagos->cpu": ("flagos:0", "cpu"),
+                      "flagos:0->flagos:1": ("flagos:0", "flagos:1")}[direction]
+    src = make(dense).to(source)
+    # copy_ of compressed tensors keeps the destination's structure: same nnz
+    dst = make(dense * 0 if layout == "coo" else dense * 2).to(target)
+    assert dst.copy_(src) is dst
+    assert dst.device == torch.device(target) and dst.layout == src.layout
+    assert torch.equal(dst.to_dense().cpu(), dense)
+
+
+def test_sparse_tensor_given_twice_is_one_tensor_to_the_kernel():
+    # smm passes its output as its input too: the kernel resizes one and reads the other.
+    indices, values = torch.tensor([[0, 1, 3], [1, 2, 4]]), torch.tensor([1.0, 2.0, 3.0])
+    dense = torch.randn(5, 3)
+    want = torch.smm(torch.sparse_coo_tensor(indices, values.clone(), (4, 5)), dense)
+    got = torch.smm(torch.sparse_coo_tensor(indices, values, (4, 5)).to("flagos"), dense.to("flagos"))
+    assert got.is_sparse and got.device == DEV
+    assert torch.equal(got.to_dense().cpu(), want.to_dense())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
+def test_nested_multi_head_self_attention_matches_the_cpu():
+    # The fast path fuses the q/k/v projections when query, key and value are
+    # one tensor, which it tells by identity: one twin for the three.
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)])
+    with torch.no_grad():
+        want = mha(x, x, x, need_weights=False)[0].to_padded_tensor(0.0)
+        mha.to("flagos")
+        xf = x.to("flagos")
+        got = mha(xf, xf, xf, need_weights=False)[0].to_padded_tensor(0.0)
+    import torch_fl
+
+    tol = 1e-5 if torch_fl.driver() == "cuda" else 0.0
+    assert_same(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are a prototype
+def test_nested_views_of_a_buffer_and_their_serialization():
+    # as_nested_tensor of a dense tensor, and torch.load's rebuilding of a
+    # nested tensor, view a flagos buffer as nested (_nested_view_from_buffer).
+    import io
+
+    dense = torch.randn(2, 3, 4)
+    got = torch.nested.as_nested_tensor(dense.to("flagos"))
+    assert got.is_nested and got.device == DEV
+    assert torch.equal(got.to_padded_tensor(0.0).cpu(), dense)
+    parts = [torch.randn(2, 4), torch.randn(3, 4)]
+    buffer = io.BytesIO()
+    torch.save(torch.nested.nested_tensor(parts, device="flagos"), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert loaded.is_nested and loaded.device == DEV
+    for g, w in zip(loaded.unbind(), parts):
+        assert torch.equal(g.cpu(), w)
