@@ -1189,6 +1189,7 @@ def test_opinfo_sparse_samples_match_the_cpu(layout):
 
     import opinfo_sweep
     import torch_fl
+    from torch.utils._pytree import tree_map
 
     opinfo_sweep.ensure_expecttest()  # op_db imports it; the GPU machines lack it
     from torch.testing._internal.common_methods_invocations import op_db
@@ -1199,13 +1200,7 @@ def test_opinfo_sparse_samples_match_the_cpu(layout):
     layout = getattr(torch, layout)
 
     def to(x, device):
-        if isinstance(x, torch.Tensor):
-            return x.to(device)
-        if isinstance(x, (list, tuple)):
-            return type(x)(to(y, device) for y in x)
-        if isinstance(x, dict):
-            return {k: to(v, device) for k, v in x.items()}
-        return x
+        return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
 
     def compare(got, want, where, device, values=True):
         if isinstance(want, torch.Tensor):
