@@ -13,6 +13,12 @@ flagos, ``TrainingArguments.device`` is accelerate's, as transformers does for
 the devices it knows (``xpu:0``, ``npu:0``). ``use_cpu=True`` keeps both on the
 CPU.
 
+``bf16=True`` is accepted where flagos runs bfloat16. ``TrainingArguments``
+asks ``is_torch_bf16_gpu_available()``, which knows device types by name and
+answered False on flagos ("Your setup doesn't support bf16/gpu"); accelerate,
+which then runs the steps under ``torch.autocast("flagos", torch.bfloat16)``,
+already asks ``torch.flagos.is_bf16_supported()``.
+
 2. ``Trainer`` checkpoints keep flagos' random state. ``_save_rng_state`` and
 ``_load_rng_state`` save and restore the generators of the device types
 transformers lists (cuda, npu, hpu, mlu, musa), so a run resumed from a
@@ -71,6 +77,21 @@ def _patch_training_arguments() -> None:
         # A transformers that changed how it picks the device: say so (after_import warns).
         raise AttributeError(f"{_MODULE}.TrainingArguments._setup_devices is no cached_property")
     wrap_once(TrainingArguments, "_setup_devices", _agreeing_with_accelerate)
+    import transformers.training_args as training_args
+
+    if not callable(getattr(training_args, "is_torch_bf16_gpu_available", None)):
+        raise AttributeError(f"{_MODULE}.is_torch_bf16_gpu_available is gone")
+    wrap_once(training_args, "is_torch_bf16_gpu_available", _knowing_flagos_bf16)
+
+
+def _knowing_flagos_bf16(original):
+    @functools.wraps(original)
+    def is_torch_bf16_gpu_available():
+        if original():
+            return True
+        return _flagos_is_the_accelerator() and torch.flagos.is_bf16_supported()
+
+    return is_torch_bf16_gpu_available
 
 
 def _rng_file(trainer, directory: str) -> str:
@@ -165,7 +186,7 @@ def install() -> None:
     _import_hooks.after_import(
         _MODULE, _patch_training_arguments,
         "Trainer may put the model on flagos and its batches on the CPU (use_cpu=True keeps "
-        "both on the CPU)",
+        "both on the CPU), and refuse bf16=True on flagos",
     )
     _import_hooks.after_import(
         _TRAINER, _patch_trainer,

@@ -29,7 +29,9 @@ torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(LlamaConfig(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, vocab_size=256))
-args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=__USE_CPU__, report_to=[],
+dtypes = set()
+model.lm_head.register_forward_hook(lambda m, i, o: dtypes.add(str(o.dtype)))
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=__USE_CPU__, bf16=__BF16__, report_to=[],
                          max_steps=4, per_device_train_batch_size=4, save_strategy="no",
                          disable_tqdm=True, learning_rate=1e-3, seed=1)
 trainer = Trainer(model=model, args=args, train_dataset=Data())
@@ -42,13 +44,15 @@ args.logging_steps = 1
 trainer.train()
 weight = model.model.layers[1].mlp.down_proj.weight
 print(json.dumps({"args_device": str(args.device), "accelerator": str(trainer.accelerator.device),
-                  "param_device": str(weight.device), "losses": losses,
+                  "param_device": str(weight.device), "losses": losses, "dtypes": sorted(dtypes),
+                  "mixed_precision": trainer.accelerator.mixed_precision,
                   "weight": weight.detach().cpu().double().sum().item()}))
 """
 
 
-def run(run_py, use_cpu):
-    rc, out, err = run_py(CHILD.replace("__USE_CPU__", str(use_cpu)), timeout=300)
+def run(run_py, use_cpu, bf16=False):
+    child = CHILD.replace("__USE_CPU__", str(use_cpu)).replace("__BF16__", str(bf16))
+    rc, out, err = run_py(child, timeout=300)
     assert rc == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
 
@@ -63,6 +67,18 @@ def test_trainer_trains_on_flagos_as_on_the_cpu(run_py):
     assert len(flagos["losses"]) == 4
     assert flagos["losses"] == cpu["losses"]
     assert flagos["weight"] == cpu["weight"]
+
+
+def test_trainer_trains_in_bf16_on_flagos(run_py):
+    # TrainingArguments refused bf16=True on flagos ("Your setup doesn't
+    # support bf16/gpu"): transformers knows bf16 devices by type name.
+    fp32, bf16 = run(run_py, False), run(run_py, False, bf16=True)
+    assert bf16["args_device"] == "flagos:0" and bf16["param_device"] == "flagos:0", bf16
+    assert bf16["mixed_precision"] == "bf16" and bf16["dtypes"] == ["torch.bfloat16"], bf16
+    assert fp32["mixed_precision"] == "no" and fp32["dtypes"] == ["torch.float32"], fp32
+    # Autocast rounds to bfloat16 (CUDA's operator lists): near the fp32 run, not equal to it.
+    assert len(bf16["losses"]) == 4 and bf16["losses"] != fp32["losses"]
+    assert bf16["losses"] == pytest.approx(fp32["losses"], rel=3e-2)
 
 
 RESUME = r"""
