@@ -21,7 +21,9 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <vector>
 
+#include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/transformers/attention.h>
@@ -108,14 +110,51 @@ bool viewable(const at::Tensor& t) {
              {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
 }
 
+// Strided nested (torch.nested) inputs: the native selector sees their native
+// nested twins, so the host driver picks what the CPU picks (math: the CPU's
+// flash kernel takes no nested tensors) and raises where the CPU raises (math
+// turned off). The chosen operator then runs on the nested flagos tensors, op
+// by op on the layout route. CUDA's flash choice cannot be honoured: for a
+// device other than CUDA, attention.cpp sends flash to the CPU's dense kernel,
+// and the overrideable operator has no nested form, so the cuda driver takes
+// the math path there (CUDA's own kernels, not its fused nested one).
+int64_t nested_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, double dropout_p,
+                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  NativeViews views;
+  std::vector<at::Tensor> buffers;
+  auto twin = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kFlagos) return t;
+    at::Tensor out = t.is_nested() ? views.layout_view_of(t, buffers) : views.to_native(t);
+    // Views carry no autograd state; the choice depends on which inputs need grad.
+    if (t.requires_grad()) out = out.detach().requires_grad_(true);
+    return out;
+  };
+  std::optional<at::Tensor> native_mask;
+  if (mask.has_value() && mask->defined()) native_mask = twin(*mask);
+  int64_t choice = 0;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    choice = at::_fused_sdp_choice(twin(q), twin(k), twin(v), native_mask, dropout_p, is_causal,
+                                   scale, enable_gqa);
+  }
+  if (choice != static_cast<int64_t>(SDPBackend::flash_attention)) return choice;
+  TORCH_CHECK(at::globalContext().userEnabledMathSDP(),
+              "scaled_dot_product_attention: for nested (torch.nested) inputs the native device "
+              "chose flash attention, which flagos runs for dense inputs only; it would take the "
+              "math path instead, but that is turned off (torch.nn.attention.sdpa_kernel). Allow "
+              "SDPBackend.MATH, or pad the inputs into one tensor (.to_padded_tensor(padding)).");
+  return static_cast<int64_t>(SDPBackend::math);
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  if (q.is_nested() || k.is_nested() || v.is_nested()) {
+    return nested_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  }
   const bool has_mask = mask.has_value() && mask->defined();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !q.is_nested() && !k.is_nested() && !v.is_nested(),
-      "scaled_dot_product_attention: nested (torch.nested) inputs on flagos are not supported. "
-      "Pad them into one tensor (.to_padded_tensor(padding)) and pass the padding as attn_mask.");
   // Eager calls on real tensors (every decode step) show the selector the
   // cached views; tracing and inputs that need grad, shells.
   const bool views_ok =

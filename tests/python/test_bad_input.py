@@ -547,11 +547,17 @@ FOREIGN_CASES = [
     ("nested(flagos).cumsum(1)",
      "torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device='flagos').cumsum(1)",
      raises("NotImplementedError", "aten::cumsum", "nested", "there is none", ".to_padded_tensor"), ()),
-    ("sdpa(nested flagos)",
+    # nested attention refuses what the CPU refuses, in its words
+    ("sdpa(nested flagos, attn_mask)",
      "q = torch.nested.nested_tensor([torch.ones(2, 4, 8), torch.ones(2, 6, 8)], device='flagos'); "
-     "torch.nn.functional.scaled_dot_product_attention(q, q, q)",
-     raises("NotImplementedError", "scaled_dot_product_attention", "nested", ".to_padded_tensor",
-            "attn_mask"), ()),
+     "torch.nn.functional.scaled_dot_product_attention(q, q, q, "
+     "attn_mask=torch.ones(2, 2, 4, 4, dtype=torch.bool, device='flagos'))",
+     raises("RuntimeError", "Nested tensors", "not supported when an explicit attn_mask"), ()),
+    ("sdpa(nested flagos, dense key)",
+     "q = torch.nested.nested_tensor([torch.ones(2, 4, 8), torch.ones(2, 6, 8)], device='flagos'); "
+     "k = torch.ones(2, 2, 4, 8, device='flagos'); "
+     "torch.nn.functional.scaled_dot_product_attention(q, k, k)",
+     raises("RuntimeError", "nested self and non-nested other"), ()),
 ]
 
 
