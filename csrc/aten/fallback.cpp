@@ -278,12 +278,13 @@ void layout_routing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ke
       "cannot take it. Route it to the native kernels (docs/routing.md: FLAGOS_OP_<op>=native), "
       "or make the tensor dense (.to_padded_tensor(padding), .to_dense()).");
   // A collective completes after its kernel returns, into the twins: the
-  // flagos tensors would never see the result.
+  // flagos tensors would never see the result. (all_reduce of sparse COO
+  // tensors has its own kernel: distributed/sparse_allreduce.cpp.)
   TORCH_CHECK_NOT_IMPLEMENTED(
       !op.schema().name().starts_with("c10d::"), "flagos: ", plan.name,
-      ": collectives of nested or sparse flagos tensors are not supported (the flagos backend "
-      "reduces dense tensors). Make them dense first (.to_dense(); nn.Embedding(sparse=False) "
-      "under DDP).");
+      ": collectives of nested or sparse flagos tensors are not supported, but for all_reduce "
+      "of sparse COO tensors (the flagos backend moves dense tensors). Make them dense first "
+      "(.to_dense(), .to_padded_tensor(padding)).");
   count_call(plan, {backend, false});
   run_native_layout(op, plan, keys, stack);
 }

@@ -8,6 +8,7 @@
 #include "aten/native_view.h"
 #include "distributed/comm_views.h"
 #include "distributed/flagos_work.h"
+#include "distributed/sparse_allreduce.h"
 #include "runtime/device.h"
 
 namespace torch_fl::distributed {
@@ -154,6 +155,9 @@ WorkPtr ProcessGroupFlagos::broadcast(TensorList& tensors, const c10d::Broadcast
 }
 
 WorkPtr ProcessGroupFlagos::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
+  if (!tensors.empty() && tensors[0].defined() && tensors[0].is_sparse()) {
+    return sparse_allreduce(*inner_, tensors, opts);
+  }
   CommViews views("all_reduce");
   auto native = views.view(tensors, "tensors");
   c10d::AllreduceOptions o = opts;

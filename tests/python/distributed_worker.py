@@ -32,6 +32,7 @@ WORLD = int(os.environ["WORLD_SIZE"])
 JOB, OUT = sys.argv[1], sys.argv[2]
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("DIST_TEST_TIMEOUT", "60")))
 DEVICE = None  # the flagos device of this rank, set in main()
+CUDA = torch_fl.driver() == "cuda"  # NCCL inside the flagos backend, not gloo
 R = dist.ReduceOp
 
 results = {}
@@ -363,8 +364,35 @@ def collectives():
                check_reduce_scatter, check_reduce_scatter_tensor, check_all_to_all,
                check_all_to_all_single, check_send_recv, check_scatter_gather, check_barrier,
                check_coalesced, check_async_work_and_future,
-               check_async_orders_the_current_stream, check_cpu_tensors_in_same_group):
+               check_async_orders_the_current_stream, check_cpu_tensors_in_same_group,
+               check_sparse_all_reduce):
         record(fn.__name__[len("check_"):], fn)
+
+
+def sparse_data(rank):
+    """Rank `rank`'s sparse COO input: ragged nnz, repeated and shared indices."""
+    g = torch.Generator().manual_seed(77 + rank)
+    nnz = 3 + 2 * rank
+    return torch.sparse_coo_tensor(torch.randint(0, 5, (2, nnz), generator=g),
+                                   torch.randn(nnz, 3, generator=g), (5, 5, 3))
+
+
+def check_sparse_all_reduce():
+    # gloo's sparse all_reduce (allgathered indices and values, summed) on the
+    # host driver; NCCL refuses sparse tensors, on flagos as on CUDA.
+    t = on(sparse_data(RANK))
+    if CUDA:
+        expect_error(lambda: dist.all_reduce(t), "sparse")
+        return
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    if not (t.is_sparse and t.is_coalesced() and t.device == DEVICE):
+        raise AssertionError(f"sparse all_reduce gave {t.layout} on {t.device}")
+    want = functools.reduce(operator.add, [sparse_data(r) for r in range(WORLD)]).coalesce()
+    same(t.to_dense(), want.to_dense(), "sparse all_reduce")
+    (got,) = work.get_future().wait()
+    if got is not t and not torch.equal(got.to_dense().cpu(), want.to_dense()):
+        raise AssertionError("sparse all_reduce: the future's value is not the sum")
 
 
 # ---- subgroups and meshes -------------------------------------------------------
@@ -473,6 +501,39 @@ def check_ddp(ref):
     assert logging.get("avg_backward_compute_time", 0) > 0, logging
 
 
+def check_ddp_sparse_embedding():
+    """DDP over nn.Embedding(sparse=True): the sparse gradients are summed by
+    the flagos backend's sparse all_reduce, against the whole batch trained in
+    one process (host driver: NCCL has no sparse all_reduce)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model():
+        torch.manual_seed(4321)
+        return torch.nn.Sequential(torch.nn.Embedding(30, 8, sparse=True), torch.nn.Linear(8, 2))
+
+    def ids(rank, step):
+        return torch.randint(0, 30, (BATCH,), generator=torch.Generator().manual_seed(50 * step + rank))
+
+    ddp_model = model().to(DEVICE)
+    ddp = DDP(ddp_model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    ref = model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for step in range(STEPS):
+        ddp(on(ids(RANK, step))).square().mean().backward()
+        if not ddp_model[0].weight.grad.is_sparse:
+            raise AssertionError("the embedding's gradient is not sparse")
+        opt.step()
+        opt.zero_grad()
+        ref(torch.cat([ids(r, step) for r in range(WORLD)])).square().mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for (name, p), q in zip(ddp_model.named_parameters(), ref.parameters()):
+        if p.device != DEVICE:
+            raise AssertionError(f"{name} left {DEVICE}")
+        close(name, p, q.detach(), tol=1e-6)
+
+
 def bn_model():
     torch.manual_seed(99)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
@@ -569,6 +630,8 @@ def check_dtensor():
 def training():
     ref = reference_params()
     record("ddp", functools.partial(check_ddp, ref))
+    if not CUDA:
+        record("ddp_sparse_embedding", check_ddp_sparse_embedding)
     record("sync_batch_norm", check_sync_batch_norm)
     record("fsdp2_and_checkpoint", functools.partial(check_fsdp2, ref, os.path.join(OUT, "ckpt")))
     record("dtensor", check_dtensor)
@@ -606,10 +669,16 @@ def errors():
                                             on(data(RANK))),
         "all_gather_into_tensor", "output_tensor is Double", "input_tensor is Float",
         "input's dtype", kind=TypeError))  # NCCL's type too
-    # A sparse collective completes into the native twins: refused, never a silent no-op.
-    record("sparse_tensor_refused", lambda: expect_error(
-        lambda: dist.all_reduce(on(data(RANK)).to_sparse()),
-        "allreduce_", "nested or sparse flagos tensors", ".to_dense()", kind=NotImplementedError))
+    # A sparse collective other than all_reduce would complete into the native
+    # twins: refused, never a silent no-op.
+    record("sparse_broadcast_refused", lambda: expect_error(
+        lambda: dist.broadcast(on(data(RANK)).to_sparse(), src=0),
+        "broadcast_", "nested or sparse flagos tensors", ".to_dense()", kind=NotImplementedError))
+    # Sparse all_reduce sums only; the inner backend says so (gloo), or refuses
+    # sparse tensors outright (NCCL).
+    record("sparse_all_reduce_max", lambda: expect_error(
+        lambda: dist.all_reduce(on(data(RANK)).to_sparse(), op=R.MAX),
+        "sparse" if CUDA else "only works with ReduceOp.SUM"))
     record("all_to_all_wrong_world_size", lambda: expect_error(
         lambda: dist.all_to_all([on(torch.empty(2))] * (WORLD + 1), [on(torch.empty(2))] * (WORLD + 1)),
         "all_to_all", f"{WORLD} ranks"))

@@ -41,13 +41,14 @@ COLLECTIVES = [
     "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send_recv", "scatter_gather",
     "barrier", "coalesced", "async_work_and_future", "async_orders_the_current_stream",
-    "cpu_tensors_in_same_group", "subgroups",
+    "cpu_tensors_in_same_group", "sparse_all_reduce", "subgroups",
 ]
 BAD_INPUT = [
     "cpu_tensor_to_flagos_backend", "cpu_input_with_flagos_output",
     "tensors_on_two_flagos_devices", "all_gather_list_of_wrong_world_size",
     "all_gather_into_tensor_wrong_size", "reduce_scatter_tensor_wrong_size",
-    "output_of_another_dtype", "sparse_tensor_refused", "all_to_all_wrong_world_size",
+    "output_of_another_dtype", "sparse_broadcast_refused", "sparse_all_reduce_max",
+    "all_to_all_wrong_world_size",
     "group_usable_after_errors",
 ]
 
@@ -202,6 +203,11 @@ def test_device_mesh_2d(jobs):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ddp_matches_single_process_training(jobs, world):
     jobs[("main", world)].check("ddp")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_with_a_sparse_embedding_matches_single_process_training(jobs, world):
+    jobs[("main", world)].check("ddp_sparse_embedding")
 
 
 @pytest.mark.parametrize("world", [2, 4])
