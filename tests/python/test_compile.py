@@ -411,7 +411,8 @@ def test_compiled_scatter_sum_is_deterministic_and_equals_eager(op):
 
 @pytest.mark.host_only
 @pytest.mark.parametrize("case", ["var", "std_far_from_zero", "layer_norm", "batch_norm_train",
-                                  "masked_softmax", "reused_tanh_bf16"])
+                                  "masked_softmax", "reused_tanh_bf16", "divide_by_constant",
+                                  "hardswish", "int_true_divide"])
 def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
     # Inductor picks var_mean's algorithm and what to recompute by the device's name:
     # flagos must get the CPU's choice, and so the CPU's bits.
@@ -424,6 +425,10 @@ def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
         "masked_softmax": lambda t: t.masked_fill(t < 0, float("-inf")).softmax(-1),
         "reused_tanh_bf16": lambda t: (lambda y: (y * y).sum(0) + y.mean(0))(
             t.to(torch.bfloat16).tanh() + t.to(torch.bfloat16)),
+        # The CPU divides by a constant; other devices multiply by its reciprocal.
+        "divide_by_constant": lambda t: t / 3.0,
+        "hardswish": F.hardswish,
+        "int_true_divide": lambda t: (t * 100).int() / 7,
     }
     fn = fns[case]
     torch._dynamo.reset()

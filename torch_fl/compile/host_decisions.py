@@ -22,7 +22,12 @@ question is answered as for the CPU, for flagos only:
   reduction differed from compiled CPU in the last bits;
 - whether a value used twice is stored or recomputed (``exp``, ``log``,
   ``tanh``... are stored on the CPU): the last bits of a masked softmax, and
-  the kernels' speed.
+  the kernels' speed;
+- division by a constant (``x / 3``, ``hardswish``, ``sum / n``, the bias
+  correction of a capturable Adam): other devices multiply by the reciprocal,
+  the CPU divides (pytorch#157959), so every such quotient differed from eager
+  and compiled CPU in the last bit. ``div_prim`` asks ``get_constant_value``
+  of the divisor; a flagos divisor is answered as no known constant.
 
 Other such choices are left as they are (docs/compile.md): the CPU-only
 small-matmul rewrites, and the CPU's higher thresholds for realizing a value
@@ -113,6 +118,17 @@ def _use_two_step_variance(original):
     return use_two_step_variance
 
 
+def _get_constant_value(original):
+    def get_constant_value(x):
+        # Only div_prim asks, to replace the division by a multiplication
+        # (for any device but the CPU); the CPU divides.
+        if _on_flagos(x):
+            return None
+        return original(x)
+
+    return get_constant_value
+
+
 def _group_without_flagos(grouping):
     def group_algorithm(scheduler):
         return [[n for n in group if not _on_flagos(n)] for group in grouping(scheduler)]
@@ -139,6 +155,7 @@ def install() -> None:
         (lowering, "_make_reduction_inner", _make_reduction_inner),
         (lowering, "use_scatter_fallback", _use_scatter_fallback),
         (lowering, "use_two_step_variance", _use_two_step_variance),
+        (lowering, "get_constant_value", _get_constant_value),
         (ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse),
         (combo, "group_algorithm_for_combo_kernels", _group_without_flagos),
     ):
