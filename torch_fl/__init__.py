@@ -23,6 +23,7 @@ from . import routing  # noqa: E402
 from . import compile as _compile  # noqa: E402
 from . import distributed  # noqa: E402
 from . import _distributed_checkpoint  # noqa: E402
+from . import _dtensor_random  # noqa: E402
 from . import _comm  # noqa: E402
 from . import _transformers  # noqa: E402
 
@@ -45,6 +46,8 @@ _compile.install()
 distributed.register()
 # torch.distributed.checkpoint: flagos tensors copied to the CPU where CUDA is also present.
 _distributed_checkpoint.install()
+# DTensor random operators on host-driver flagos meshes: the CPU's path, not CUDA's Philox tracker.
+_dtensor_random.install()
 # nn.DataParallel and torch.nn.parallel.comm on a torch without CUDA's copies between devices.
 _comm.install()
 # Hugging Face Trainer: TrainingArguments.device agrees with accelerate's (flagos).

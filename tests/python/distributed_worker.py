@@ -627,11 +627,40 @@ def check_dtensor():
     same(rep.redistribute(mesh, [Shard(1)]).full_tensor(), full, "Replicate to Shard(1)")
 
 
+def check_dtensor_random():
+    """Random operators on DTensors of a flagos mesh (FSDP2's meta-device init
+    then reset_parameters(), dropout) equal the same on a CPU mesh: on the
+    host driver flagos' generator is the CPU's, so DTensor takes the CPU's path."""
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    def run(device):
+        mesh = init_device_mesh(device, (WORLD,))
+        with torch.device("meta"):
+            layer = torch.nn.Linear(8, 6)
+        fully_shard(layer, mesh=mesh)
+        layer.to_empty(device=DEVICE if device == "flagos" else "cpu")
+        torch.manual_seed(5 + RANK)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "may not have complete support on ... mesh"
+            layer.reset_parameters()
+            x = distribute_tensor(torch.ones(4 * WORLD, 6, device=mesh.device_type), mesh, [Shard(0)])
+            dropped = torch.nn.functional.dropout(x, 0.5)
+        return [layer.weight.full_tensor(), layer.bias.full_tensor(), dropped.full_tensor()]
+
+    for got, want in zip(run("flagos"), run("cpu")):
+        same(got, want, "DTensor random operator")
+
+
 def training():
     ref = reference_params()
     record("ddp", functools.partial(check_ddp, ref))
     if not CUDA:
         record("ddp_sparse_embedding", check_ddp_sparse_embedding)
+        record("dtensor_random", check_dtensor_random)
     record("sync_batch_norm", check_sync_batch_norm)
     record("fsdp2_and_checkpoint", functools.partial(check_fsdp2, ref, os.path.join(OUT, "ckpt")))
     record("dtensor", check_dtensor)

@@ -211,6 +211,11 @@ def test_ddp_with_a_sparse_embedding_matches_single_process_training(jobs, world
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_dtensor_random_operators_match_a_cpu_mesh(jobs, world):
+    jobs[("main", world)].check("dtensor_random")
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_sync_batch_norm_matches_batch_norm_over_the_whole_batch(jobs, world):
     jobs[("main", world)].check("sync_batch_norm")
 
