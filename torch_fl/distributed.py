@@ -16,6 +16,7 @@ flagos tensors: gloo on the host driver, NCCL on the cuda driver.
 """
 
 import os
+import threading
 
 import torch
 
@@ -34,15 +35,31 @@ def is_available() -> bool:
     return torch.distributed.is_available() and _C._distributed.available
 
 
-def _map_local_rank_to_device() -> None:
+# How the group being built asked for flagos, set by BackendConfig (below) in
+# the thread that then calls the creator: "explicit" ("flagos" named),
+# "accelerator" (a bare init_process_group(): flagos as the machine's
+# accelerator) or "library" ("gloo", "nccl": flagos added for its tensors).
+_request = threading.local()
+
+
+def _map_local_rank_to_device(request: str) -> None:
     # torchrun sets LOCAL_RANK; as DeviceMesh does for CUDA, it picks this
-    # process's device unless the program has already used the device.
+    # process's device unless the program has already used the device. Only
+    # where the program asked for flagos: a group named after a library
+    # ("gloo", "nccl") gains flagos for its tensors, but a CPU or CUDA program
+    # asking for it must find its process as it was (no flagos device set, no
+    # refusal of a LOCAL_RANK beyond flagos' devices).
     local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is None or torch.flagos.is_initialized():
+    if request == "library" or local_rank is None or torch.flagos.is_initialized():
         return
-    index = int(local_rank)
+    try:
+        index = int(local_rank)
+    except ValueError:
+        return  # torchrun's own variable, malformed by hand: torch.distributed's to judge
     count = torch.flagos.device_count()
     if index >= count:
+        if request == "accelerator":
+            return  # a bare init in a program that may not use flagos at all (CPU-only, autoload)
         raise RuntimeError(
             f"LOCAL_RANK={index} but this process sees {count} flagos device(s) "
             f"(flagos:0..{count - 1}); start at most {count} processes per node, or raise "
@@ -89,7 +106,7 @@ def _create_process_group(opts, backend_options):
 
     store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
     group_name, global_ranks = opts.group_id, list(opts.global_ranks_in_group)
-    _map_local_rank_to_device()
+    _map_local_rank_to_device(getattr(_request, "kind", "explicit"))
 
     try:
         gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, timeout=timeout)
@@ -144,7 +161,13 @@ def _with_flagos_devices(init):
     def __init__(self, backend):
         init(self, backend)
         name = str(backend).lower()
-        if name in dist.Backend.backend_list and "flagos" not in self.device_backend_map:
+        if name == dist.Backend.UNDEFINED:
+            _request.kind = "accelerator"
+            self.device_backend_map.setdefault("flagos", dist.Backend(BACKEND_NAME))
+        elif name in dist.Backend.backend_list and "flagos" not in self.device_backend_map:
             self.device_backend_map["flagos"] = dist.Backend(BACKEND_NAME)
+            _request.kind = "library"
+        else:
+            _request.kind = "explicit"
 
     return __init__

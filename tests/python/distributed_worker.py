@@ -824,6 +824,27 @@ def job_gloo():
     record("fsdp2_default_mesh", check_fsdp2_default_mesh)
 
 
+def job_cpu_only():
+    """A CPU-only program under torchrun, with more processes than flagos
+    devices: a group asked for as "gloo", then a bare one, must work as
+    without torch_fl, and the gloo group must leave flagos untouched."""
+    for backend in ("gloo", None):
+        name = backend or "bare"
+
+        def cpu_all_reduce():
+            dist.init_process_group(backend, timeout=TIMEOUT)
+            t = data(RANK)
+            dist.all_reduce(t)
+            if not torch.equal(t, sum(all_data())):
+                raise AssertionError(f"CPU all_reduce gave {t}")
+            if backend == "gloo" and torch.flagos.is_initialized():
+                raise AssertionError("init_process_group('gloo') initialised flagos")
+
+        record(f"cpu_all_reduce_{name}", cpu_all_reduce)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 # ---- main ---------------------------------------------------------------------------------
 
 def job_main():
@@ -840,6 +861,7 @@ JOBS = {
     "killed_peer": job_killed_peer,
     "timeout": job_timeout,
     "wrong_world_size": job_wrong_world_size,
+    "cpu_only": job_cpu_only,
     "torchrun": job_torchrun,
     "gloo": job_gloo,
 }
@@ -849,7 +871,7 @@ def main():
     global DEVICE
     # torchrun's job leaves the device alone: LOCAL_RANK must pick it.
     DEVICE = torch.device("flagos", int(os.environ.get("LOCAL_RANK", RANK)))
-    if JOB != "torchrun":
+    if JOB not in ("torchrun", "cpu_only"):
         torch.flagos.set_device(DEVICE)
     try:
         JOBS[JOB]()
@@ -858,7 +880,8 @@ def main():
             json.dump(results, f, indent=1)
     if JOB in ("killed_peer", "timeout", "wrong_world_size"):
         os._exit(0)  # a broken group: nothing to tear down cleanly
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

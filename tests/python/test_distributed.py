@@ -140,6 +140,8 @@ def jobs():
         "torchrun": Job("torchrun", 2, host(2), torchrun=True),
         "killed_peer": Job("killed_peer", 2, host(2, timeout=30, backend="flagos")),
         "gloo": Job("gloo", 2, host(2, backend="gloo")),
+        # one flagos device, two processes: a CPU-only program
+        "cpu_only": Job("cpu_only", 2, host(1), torchrun=True),
         "timeout": Job("timeout", 2, host(2, timeout=3)),
         "wrong_world_size": Job("wrong_world_size", 2, host(2, timeout=3)),
     }
@@ -245,6 +247,13 @@ def test_torchrun_bare_device_mesh_on_cpu_with_torch_fl_loaded(jobs):
 
 def test_torchrun_local_rank_is_the_flagos_device(jobs):
     jobs["torchrun"].check("local_rank_is_the_flagos_device")
+
+
+@pytest.mark.parametrize("backend", ["gloo", "bare"])
+def test_torchrun_cpu_only_program_with_more_processes_than_flagos_devices(jobs, backend):
+    """LOCAL_RANK 1 with one flagos device: a CPU program's group must not be
+    refused for flagos' sake, and "gloo" must not initialise flagos."""
+    jobs["cpu_only"].check(f"cpu_all_reduce_{backend}")
 
 
 def test_torchrun_fsdp2_default_mesh_is_flagos(jobs):
