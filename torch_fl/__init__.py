@@ -24,6 +24,7 @@ from . import compile as _compile  # noqa: E402
 from . import distributed  # noqa: E402
 from . import _distributed_checkpoint  # noqa: E402
 from . import _dtensor_random  # noqa: E402
+from . import _autograd_threads  # noqa: E402
 from . import _comm  # noqa: E402
 from . import _transformers  # noqa: E402
 
@@ -39,6 +40,8 @@ if not hasattr(torch.Tensor, "is_flagos"):
 # Validation: the driver (FLAGOS_ACCELERATOR, FLAGOS_HOST_*), then routing
 # (config file, FLAGOS_OP_*, policies). A mistake raises here, naming it.
 _C._init()
+# Host driver: autograd's flagos worker thread takes the caller's intra-op thread count.
+_autograd_threads.install()
 flaggems.register()
 routing.reload()
 # torch.compile: registers with Dynamo and Inductor when they are first used.

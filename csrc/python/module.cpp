@@ -25,6 +25,7 @@
 #include "routing/config.h"
 #include "routing/table.h"
 #include "runtime/generator.h"
+#include "runtime/intra_op_threads.h"
 #include "runtime/stream.h"
 
 namespace py = pybind11;
@@ -212,6 +213,7 @@ PYBIND11_MODULE(_C, m) {
     return guarded([] { return std::string(hal::driver().name()); });
   });
   m.def("_available_drivers", [] { return hal::available_drivers(); });
+  m.def("_note_backward_threads", [](int threads) { runtime::note_backward_threads(threads); });
   m.def("_device_count", [] { return static_cast<int>(runtime::device_count()); });
   m.def("_current_device", [] {
     return guarded([] { return static_cast<int>(runtime::current_device()); });

@@ -3,6 +3,7 @@
 #include "runtime/allocator.h"
 #include "runtime/cuda_bridge.h"
 #include "runtime/device.h"
+#include "runtime/intra_op_threads.h"
 #include "runtime/stream.h"
 
 namespace torch_fl::runtime {
@@ -70,6 +71,8 @@ Stream FlagosGuardImpl::getNewStream(Device d, int priority) const {
 
 Stream FlagosGuardImpl::exchangeStream(Stream s) const {
   if (auto* f = forward()) return f->exchangeStream(s);
+  // The autograd engine guards each flagos node's stream on its worker thread.
+  follow_backward_threads();
   return exchange_stream(s);
 }
 

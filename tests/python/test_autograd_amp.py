@@ -1,5 +1,6 @@
 """Autograd, training, autocast and GradScaler on flagos, checked against CPU."""
 
+import json
 import copy
 import warnings
 
@@ -450,3 +451,49 @@ def test_grad_scaler_skips_step_and_backs_off_on_inf():
     assert scaler.get_scale() == 64.0
     for b, p in zip(before, model.parameters()):
         assert torch.equal(p.detach().cpu(), b)
+
+
+THREADS_CHILD = r"""
+import json, threading
+import torch, torch_fl
+
+def backward_threads(device, grad=False):
+    seen = []
+    x = torch.randn(8, device=device, requires_grad=True)
+    x.register_hook(lambda g: seen.append(torch.get_num_threads()))
+    loss = x.sin().sum()
+    torch.autograd.grad(loss, x) if grad else loss.backward()
+    return seen[0]
+
+def bias_grad(device):
+    # A sum over 2**20 rows: its rounding depends on the number of threads.
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 1).to(device)
+    x = torch.randn(1 << 20, 8).to(device)
+    layer(x).square().mean().backward()
+    return layer.bias.grad.cpu().item()
+
+out = {"main": torch.get_num_threads()}
+# A DataLoader's pin-memory thread sets one thread for itself.
+t = threading.Thread(target=torch.set_num_threads, args=(1,)); t.start(); t.join()
+out["after_other_thread"] = [torch.get_num_threads(), backward_threads("cpu"),
+                             backward_threads("flagos")]
+out["bias_grad"] = [bias_grad("cpu"), bias_grad("flagos")]
+torch.set_num_threads(1)
+out["after_main_sets_1"] = [backward_threads("cpu", grad=True), backward_threads("flagos", grad=True)]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.host_only  # the cuda driver's worker thread launches kernels only
+def test_flagos_backward_runs_with_the_callers_thread_count(run_py):
+    # The autograd engine's flagos worker thread kept the thread count last set
+    # by any thread when it started (a pin-memory thread's 1), so flagos'
+    # backward ran single-threaded where the CPU's did not, and sums differed.
+    rc, out, err = run_py(THREADS_CHILD)
+    assert rc == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    main = got["main"]
+    assert got["after_other_thread"] == [main, main, main], got
+    assert got["bias_grad"][0] == got["bias_grad"][1], got
+    assert got["after_main_sets_1"] == [1, 1], got
