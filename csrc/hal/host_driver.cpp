@@ -204,6 +204,10 @@ double HostDriver::elapsedMs(EventHandle start, EventHandle end) {
   if (!a->recorded || !b->recorded) {
     throw Error("elapsed_time needs both events to be recorded first");
   }
+  if (a->device != b->device) {  // as CUDA refuses events of two devices
+    throw Error("elapsed_time needs both events on one device, got events of flagos:" +
+                std::to_string(a->device) + " and flagos:" + std::to_string(b->device));
+  }
   return std::chrono::duration<double, std::milli>(b->when - a->when).count();
 }
 

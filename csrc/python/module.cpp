@@ -25,6 +25,7 @@
 #include "routing/config.h"
 #include "routing/table.h"
 #include "runtime/generator.h"
+#include "runtime/host_allocator.h"
 #include "runtime/intra_op_threads.h"
 #include "runtime/stream.h"
 
@@ -202,7 +203,10 @@ PYBIND11_MODULE(_C, m) {
       aten::register_unboxed_routes();
       aten::register_direct_routes();
       aten::register_layout_routes();
-      if (d.nativeDevice() == hal::NativeDevice::kHost) aten::register_host_rnn_cells();
+      if (d.nativeDevice() == hal::NativeDevice::kHost) {
+        aten::register_host_rnn_cells();
+        runtime::register_pinned_host_allocator();
+      }
       return 0;
     });
   });

@@ -159,7 +159,9 @@ void free_block_locked(DevicePool& p, Block* b) {
   Pending pend{b, {}};
   auto& d = driver();
   for (const auto& s : b->used_on) {
-    auto e = d.createEvent(b->device, /*enable_timing=*/false);
+    // The event belongs to the stream's device, which may be another than the
+    // block's (a cross-device copy recorded on the destination's stream).
+    auto e = d.createEvent(s.device_index(), /*enable_timing=*/false);
     d.recordEvent(e, stream_handle(s));
     pend.events.push_back(e);
   }
@@ -322,10 +324,17 @@ void FlagosAllocator::emptyCache(c10::MempoolId_t) {
 void FlagosAllocator::recordStream(const c10::DataPtr& ptr,
                                    c10::Stream stream) {
   if (uses_cuda()) return cuda::record_stream(ptr, stream);
-  // Only flagos-labelled blocks are used on flagos streams.
-  if (ptr.get_deleter() != &free_block || stream.device_type() != kFlagos) return;
+  // As CUDA's: a stream of another device type is refused, and a stream that
+  // does not exist is refused here, not when the tensor is freed (a deleter
+  // that throws ends the process).
+  TORCH_CHECK_VALUE(stream.device_type() == kFlagos,
+                    "record_stream: a flagos tensor is recorded on a flagos stream, not on a ",
+                    stream.device_type(), " stream");
+  stream_handle(stream);  // raises for an unknown stream id or device
+  // Memory flagos' pools did not hand out (from_blob) is not tracked.
+  if (ptr.get_deleter() != &free_block) return;
   auto* b = static_cast<Block*>(ptr.get_context());
-  if (stream.id() == b->stream) return;
+  if (stream.device_index() == b->device && stream.id() == b->stream) return;
   auto& p = pool(b->device);
   std::lock_guard<std::mutex> lock(p.mu);
   if (std::find(b->used_on.begin(), b->used_on.end(), stream) == b->used_on.end())

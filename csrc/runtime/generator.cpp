@@ -71,7 +71,7 @@ void FlagosGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   TORCH_CHECK_TYPE(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
                    "flagos RNG state must be a torch.uint8 tensor (as returned "
                    "by torch.flagos.get_rng_state()), got dtype ",
-                   new_state.dtype());
+                   c10::typeMetaToScalarType(new_state.dtype()));
   TORCH_CHECK(new_state.device().is_cpu(),
               "flagos RNG state must be a CPU tensor (as returned by "
               "torch.flagos.get_rng_state()), got one on ",

@@ -11,6 +11,10 @@ namespace torch_fl::runtime {
 
 c10::Allocator* pinned_host_allocator();
 
+// Makes it PrivateUse1's at::HostAllocator (the host driver; where torch has
+// the interface, FLAGOS_HAS_HOST_ALLOCATOR).
+void register_pinned_host_allocator();
+
 // True when `ptr` points into a live pinned block.
 bool is_pinned_ptr(const void* ptr);
 

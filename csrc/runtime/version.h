@@ -20,3 +20,8 @@ static_assert(FLAGOS_TORCH_AT_LEAST(2, 11),
 // get_device_capability) arrived in torch 2.10; kept behind a macro so that the
 // one place to look stays this header.
 #define FLAGOS_TORCH_HAS_DEVICE_CAPABILITY FLAGOS_TORCH_AT_LEAST(2, 10)
+
+// at::HostAllocator with its statistics (HostStats) and at::setHostAllocator:
+// torch.accelerator's host-memory functions call the device type's. Checked
+// against the 2.13 and 2.14 headers; 2.11's (the GPU machines') not yet.
+#define FLAGOS_HAS_HOST_ALLOCATOR FLAGOS_TORCH_AT_LEAST(2, 13)

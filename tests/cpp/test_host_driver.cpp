@@ -151,6 +151,16 @@ TEST(HostDriver, ElapsedTimeNeedsTimingAndRecordedEvents) {
   d.destroyEvent(never);
 }
 
+TEST(HostDriver, ElapsedTimeNeedsEventsOfOneDevice) {
+  HostDriver d(2, std::nullopt);
+  auto a = d.createEvent(0, true), b = d.createEvent(1, true);
+  d.recordEvent(a, d.defaultStream(0));
+  d.recordEvent(b, d.defaultStream(1));
+  EXPECT_THROW(d.elapsedMs(a, b), Error);
+  d.destroyEvent(a);
+  d.destroyEvent(b);
+}
+
 TEST(HostDriver, EventOfOneDeviceCannotBeRecordedOnAnother) {
   HostDriver d(2, std::nullopt);
   auto e = d.createEvent(0, false);

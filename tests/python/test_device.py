@@ -530,3 +530,16 @@ def test_sync_debug_mode_warns_where_flagos_waits_for_the_device():
                 x.sum().item()
     finally:
         torch.flagos.set_sync_debug_mode("default")
+
+
+def test_a_device_context_object_names_its_device():
+    # torch.cuda's device functions take a torch.cuda.device; flagos' said "not device".
+    ctx = torch.flagos.device("flagos:1")
+    with torch.flagos.device(ctx):
+        assert torch.flagos.current_device() == 1
+    before = torch.flagos.current_device()
+    torch.flagos.set_device(ctx)
+    try:
+        assert torch.flagos.current_device() == 1
+    finally:
+        torch.flagos.set_device(before)

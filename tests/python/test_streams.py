@@ -283,3 +283,74 @@ def test_stream_priority_and_its_range_as_torch_cuda_gives_them():
         current = torch.flagos.current_stream()
         assert isinstance(current, torch.flagos.Stream) and current == high
         assert current.priority == greatest
+
+
+RECORD_STREAM_CHILD = r"""
+import torch, torch_fl
+s0 = torch.flagos.Stream(0)
+x1 = torch.randn(1024, device="flagos:1")
+with torch.flagos.stream(s0):
+    y0 = x1.to("flagos:0", non_blocking=True)
+x1.record_stream(s0)   # the destination's stream: another device than the block's
+want = x1.cpu()
+del x1                 # the block waits for s0's work: an event of flagos:0
+torch.flagos.synchronize(0)
+assert torch.equal(y0.cpu(), want)
+# the freed block is reused once s0's work is done
+z = torch.randn(1024, device="flagos:1")
+print("ok")
+"""
+
+
+def test_record_stream_on_another_devices_stream_then_free(run_py):
+    # CUDA's pattern for cross-device copies. The freed block's event was made
+    # on the block's device and recorded on the other device's stream: the
+    # deleter threw, and the process ended.
+    rc, out, err = run_py(RECORD_STREAM_CHILD, env={"FLAGOS_HOST_DEVICES": "2"})
+    assert rc == 0 and out.strip().endswith("ok"), err[-3000:]
+
+
+@pytest.mark.host_only  # the cuda driver hands record_stream to CUDA's allocator
+@pytest.mark.parametrize("stream, error, words", [
+    ("torch.Stream(stream_id=12345, device_index=0, device_type=DT)", RuntimeError,
+     "unknown flagos stream id 12345"),
+    ("torch.Stream(stream_id=0, device_index=5, device_type=DT)", RuntimeError,
+     "flagos device index 5 does not exist"),
+    ("torch.Stream('cpu')", ValueError, "not on a cpu stream"),
+])
+def test_record_stream_refuses_a_stream_that_is_not_a_flagos_stream(stream, error, words):
+    # Accepted, then the process ended when the tensor was freed (an unknown
+    # stream), or silently ignored (a CPU stream); CUDA refuses both at once.
+    DT = torch.flagos.current_stream().device_type  # noqa: N806 (used by eval)
+    x = torch.ones(3, device="flagos")
+    with pytest.raises(error, match=words):
+        x.record_stream(eval(stream))
+    del x  # freed without a stream to wait for
+
+
+@pytest.mark.host_only  # CUDA's own pinned-memory allocator on the cuda driver
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="torch_fl registers the host allocator from torch 2.13 (version.h)")
+def test_accelerator_host_cache_and_statistics(run_py):
+    # torch.accelerator.empty_host_cache() read PrivateUse1's host allocator,
+    # which was not registered: a segfault once flagos had been used.
+    code = r'''
+import torch, torch_fl
+torch.zeros(1, device="flagos")
+x = torch.ones(1000).pin_memory()
+torch.accelerator.empty_host_cache()
+print(x.is_pinned(), float(x.sum()))
+'''
+    rc, out, err = run_py(code)
+    assert rc == 0, err[-3000:]
+    assert out.strip().splitlines()[-1] == "True 1000.0"
+
+
+def test_elapsed_time_refuses_events_of_two_devices():
+    # CUDA refuses it; the host driver returned the time between the two.
+    a = torch.flagos.Event(enable_timing=True)
+    b = torch.flagos.Event(enable_timing=True)
+    a.record(torch.flagos.current_stream(0))
+    b.record(torch.flagos.current_stream(torch.device("flagos:1")))
+    with pytest.raises(RuntimeError):
+        a.elapsed_time(b)

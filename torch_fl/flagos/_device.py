@@ -8,8 +8,8 @@ from .. import _C
 def _device_index(device, optional: bool = True) -> int:
     """Normalises ``device`` to an index; -1 means "current" (if optional).
 
-    Accepts None, an int, "flagos", "flagos:N" or a torch.device of type
-    flagos. Anything else raises with the accepted forms.
+    Accepts None, an int, "flagos", "flagos:N", a torch.device of type
+    flagos or a torch.flagos.device. Anything else raises with the accepted forms.
     """
     if device is None:
         if optional:
@@ -19,6 +19,10 @@ def _device_index(device, optional: bool = True) -> int:
         raise TypeError(f"a flagos device must be an int, str or torch.device, not {device!r}")
     if isinstance(device, int):
         index = device
+    elif isinstance(device, _DeviceContext):
+        # a torch.flagos.device context object stands for its device, as
+        # torch.cuda's _get_device_index takes a torch.cuda.device
+        index = device.idx
     else:
         if isinstance(device, str):
             try:
@@ -226,6 +230,9 @@ class device:
         if self.prev_idx >= 0:
             _C._set_device(self.prev_idx)
         return False
+
+
+_DeviceContext = device  # the parameter named `device` hides the class in _device_index
 
 
 class device_of(device):
