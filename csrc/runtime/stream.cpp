@@ -16,11 +16,11 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 constexpr c10::StreamId kMaxStreams = 4096;
+// Ids from here on are no stream: every stream is the default one or a pool's.
 constexpr c10::StreamId kFirstNew = 2 * kStreamPoolSize + 1;
 
 struct DeviceStreams {
   std::array<std::atomic<hal::StreamHandle>, kMaxStreams> handles{};
-  std::atomic<c10::StreamId> next_new{kFirstNew};
   std::atomic<uint32_t> next_pool[2] = {0, 0};
   std::mutex create_mu;
 };
@@ -78,16 +78,10 @@ c10::Stream pool_stream(c10::DeviceIndex device, bool high_priority) {
 }
 
 c10::Stream new_stream(c10::DeviceIndex device, int priority) {
-  device = resolve_device(device);
-  if (priority < 0) return pool_stream(device, true);
-  auto& ds = streams_of(device);
-  c10::StreamId id = ds.next_new.fetch_add(1);
-  TORCH_CHECK(id < kMaxStreams, "too many flagos streams on device ",
-              static_cast<int>(device), " (the limit is ", kMaxStreams - kFirstNew,
-              " new streams per device); reuse streams or take them from the "
-              "pool (torch.flagos.Stream())");
-  handle_for(device, id);
-  return make_stream(device, id);
+  // As CUDA's getNewStream (getStreamFromPool): torch.flagos.Stream() and
+  // torch.Stream("flagos") take the next stream of the pool of their
+  // priority, so a program may make streams in a loop without running out.
+  return pool_stream(device, priority < 0);
 }
 
 c10::StreamId current_stream_id_unchecked(c10::DeviceIndex device) noexcept {
@@ -113,9 +107,7 @@ hal::StreamHandle stream_handle(const c10::Stream& stream) {
   auto device = stream.device_index();
   check_device_index(device);
   auto id = stream.id();
-  auto& ds = streams_of(device);
-  bool known = id >= 0 && (id < kFirstNew || id < ds.next_new.load());
-  TORCH_CHECK(known && id < kMaxStreams, "unknown flagos stream id ", id,
+  TORCH_CHECK(id >= 0 && id < kFirstNew, "unknown flagos stream id ", id,
               " on device ", static_cast<int>(device));
   return handle_for(device, id);
 }

@@ -5,7 +5,7 @@
 //   0                    the default stream
 //   1 .. kPoolSize       the normal-priority pool (handed out round-robin)
 //   kPoolSize+1 .. 2*kPoolSize  the high-priority pool
-//   above                streams made by getNewStream (live until exit)
+// getNewStream takes from the pools, as CUDA's does: there are no others.
 // The current stream is per thread and per device, as in CUDA.
 
 #include <c10/core/Stream.h>

@@ -354,3 +354,16 @@ def test_elapsed_time_refuses_events_of_two_devices():
     b.record(torch.flagos.current_stream(torch.device("flagos:1")))
     with pytest.raises(RuntimeError):
         a.elapsed_time(b)
+
+
+def test_streams_made_in_a_loop_never_run_out():
+    # torch.cuda.Stream() takes the next stream of CUDA's pool; flagos made a
+    # new stream each time, and refused the 4,032nd.
+    streams = [torch.flagos.Stream() for _ in range(5000)]
+    assert len({s.stream_id for s in streams[:32]}) == 32  # round robin: distinct neighbours
+    with torch.flagos.stream(streams[-1]):
+        x = torch.ones(3, device="flagos") * 2
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+    assert all(s.priority == 0 for s in streams[:40])
+    high = [torch.flagos.Stream(priority=-1) for _ in range(40)]
+    assert all(s.priority == -1 for s in high)
