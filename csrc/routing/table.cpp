@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include "aten/host_parity.h"
@@ -443,6 +444,20 @@ std::vector<std::string> load(const std::string& default_path) {
   return problems;
 }
 
+namespace {
+
+// The backend `route` (null: none configured) gives `op`: the first of its
+// chain that can run it; none where no backend can (a CPU fallback).
+std::optional<Backend> choose(const c10::OperatorHandle& op, const Route* route) {
+  if (!route) return serves(Backend::kFlagGems, op) ? Backend::kFlagGems : Backend::kNative;
+  for (Backend b : route->chain) {
+    if (serves(b, op)) return b;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -450,18 +465,7 @@ void resolve(const c10::OperatorHandle& op, aten::OpPlan& plan) {
   if (plan.route_epoch.load() == now) return;  // another thread did it
 
   const Route* route = find_route(s, plan.name);
-
-  std::optional<Backend> chosen;
-  if (route) {
-    for (Backend b : route->chain) {
-      if (serves(b, op)) {
-        chosen = b;
-        break;
-      }
-    }
-  } else {
-    chosen = serves(Backend::kFlagGems, op) ? Backend::kFlagGems : Backend::kNative;
-  }
+  const std::optional<Backend> chosen = choose(op, route);
   bool fallback = !chosen.has_value();
   if (fallback && fallback_policy() == FallbackPolicy::kWarn) {
     TORCH_WARN("flagos: ", plan.name, " is routed to [",
@@ -519,16 +523,33 @@ std::vector<Row> table() {
   std::unordered_set<std::string> seen;
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  const uint32_t now = detail::g_epoch.load();
   aten::for_each_plan([&](aten::OpPlan& plan) {
     if (plan.route_epoch.load() == 0) return;
     const Route* r = find_route(s, plan.name);
-    const Backend b = plan.backend.load();
+    Backend b = plan.backend.load();
+    bool fallback = plan.cpu_fallback.load();
+    const void* flaggems_op = plan.flaggems_op.load();
+    if (plan.route_epoch.load() != now) {
+      // The configuration changed since the operator's last call: the row
+      // shows what its next call takes, as resolve will choose it.
+      const size_t ns = plan.name.find("::");
+      const size_t dot = plan.name.find('.', ns == std::string::npos ? 0 : ns + 2);
+      const c10::OperatorName name(plan.name.substr(0, dot),
+                                   dot == std::string::npos ? "" : plan.name.substr(dot + 1));
+      if (auto op = c10::Dispatcher::singleton().findOp(name)) {
+        const std::optional<Backend> chosen = choose(*op, r);
+        b = chosen.value_or(Backend::kCpu);
+        fallback = !chosen.has_value();
+        flaggems_op = b == Backend::kFlagGems ? flaggems::describe(*op) : nullptr;
+      }
+    }
     std::string via;
     if (b == Backend::kFlagGems) {
-      via = plan.flaggems_op.load() != nullptr && flaggems::cpp_enabled() ? "c++" : "python";
+      via = flaggems_op != nullptr && flaggems::cpp_enabled() ? "c++" : "python";
     }
     rows.push_back({plan.name, std::string(backend_name(b)), r ? r->source : "default", true,
-                    plan.cpu_fallback.load(), via});
+                    fallback, via});
     seen.insert(without_aten(plan.name));
   });
   for (auto* m : {&s.api, &s.env, &s.file}) {

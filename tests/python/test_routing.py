@@ -270,6 +270,22 @@ def test_no_dispatch_log_by_default():
 
 # ---- in-process API ---------------------------------------------------------------
 
+def test_table_shows_a_new_route_before_the_next_call():
+    # table() showed the backend of the last call beside the new route's
+    # source, until the operator was called again.
+    x = torch.randn(4, device="flagos")
+    x * x
+    row = lambda: next(r for r in torch_fl.routing.table("mul") if r.op == "aten::mul.Tensor")  # noqa: E731
+    try:
+        torch_fl.routing.set_route("mul", "cpu")
+        assert (row().backend, row().source) == ("cpu", "api")
+    finally:
+        torch_fl.routing.set_route("mul", "")
+    assert (row().backend, row().source) == ("native", "default")
+    x * x
+    assert torch_fl.routing.stats() and row().backend == "native"
+
+
 def test_set_route_rejects_unknown_op_and_unavailable_backend():
     with pytest.raises(ValueError, match="unknown operator 'sofmax'.*Did you mean 'softmax'"):
         torch_fl.routing.set_route("sofmax", "cpu")
