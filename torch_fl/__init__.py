@@ -115,10 +115,11 @@ def is_flaggems_enabled() -> bool:
 
 
 def get_registered_ops() -> list:
-    """Operators with a dedicated flagos (PrivateUse1) kernel.
+    """Operators registered on the flagos (PrivateUse1) dispatch key.
 
-    Every other operator is served by the boxed routing path, which reaches
-    the driver's native kernels (see docs/architecture.md).
+    Both flagos' own kernels and the routes registered per operator (the
+    unboxed and direct routes); every other operator reaches the boxed
+    routing kernel, the key's fallback (see docs/architecture.md).
     """
     return sorted(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
 
