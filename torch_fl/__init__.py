@@ -68,18 +68,28 @@ from . import report  # noqa: E402
 
 # Observers the environment turns on (docs/tuning.md); routing.reload()
 # validated the variables. Each writes or prints its results at exit.
-if not getattr(_C, "_observers_started", False):
-    _C._observers_started = True
-    import os as _os
+# Each is marked started on the extension (which a failed import leaves
+# loaded) only once it has started, so that an import retried after one
+# raised starts it then, and never starts one twice.
+def _start_observers() -> None:
+    import atexit
+    import os
 
-    if _os.environ.get("FLAGOS_VERIFY", "0") != "0":
-        import atexit as _atexit
+    started = getattr(_C, "_observers_started", None)
+    if not isinstance(started, set):
+        started = _C._observers_started = set()
+    for name, wanted, start in (
+        ("verify", os.environ.get("FLAGOS_VERIFY", "0") != "0",
+         lambda: atexit.register(verify._report_at_exit)),
+        ("tune", bool(os.environ.get("FLAGOS_TUNE")), tuning._start_from_env),
+        ("report", bool(os.environ.get("FLAGOS_REPORT")), report._start_from_env),
+    ):
+        if wanted and name not in started:
+            start()
+            started.add(name)
 
-        _atexit.register(verify._report_at_exit)
-    if _os.environ.get("FLAGOS_TUNE"):
-        tuning._start_from_env()
-    if _os.environ.get("FLAGOS_REPORT"):
-        report._start_from_env()
+
+_start_observers()
 
 __version__ = "0.1.0"
 

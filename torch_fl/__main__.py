@@ -79,8 +79,12 @@ def _report(a) -> int:
 
     try:
         out = report.build(a.source, a.out)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         print(f"report: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:  # a data file of the right format missing or mistyping a field
+        print(f"report: {a.source!r} is not a run-data file torch_fl wrote (bad or missing field: {e})",
+              file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0

@@ -20,6 +20,7 @@ import atexit
 import datetime
 import glob
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -405,6 +406,18 @@ def run_cli(command: list, out: str, data_path: str, verify: bool, budget_ms: fl
     if not command:
         print("tune: no workload: write it after --, e.g. "
               "python -m torch_fl tune --out backends.conf -- python train.py", file=sys.stderr)
+        return 2
+    # Checked before the workload runs, not after it.
+    if not (math.isfinite(budget_ms) and budget_ms > 0):
+        print(f"tune: --budget-ms {budget_ms} is not valid: a positive number of milliseconds",
+              file=sys.stderr)
+        return 2
+    if max_iters < 1:
+        print(f"tune: --max-iters {max_iters} is not valid: at least 1", file=sys.stderr)
+        return 2
+    if os.path.abspath(out) == os.path.abspath(data_path):
+        print(f"tune: --out and --data are one file ({out!r}): the data would overwrite the config",
+              file=sys.stderr)
         return 2
     for path, what in ((out, "--out"), (data_path, "--data")):
         parent = os.path.dirname(os.path.abspath(path))

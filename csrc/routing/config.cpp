@@ -83,6 +83,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+bool is_valid_op_name(std::string_view op) { return valid_op_name(op); }
+
 std::string_view backend_name(Backend b) {
   switch (b) {
     case Backend::kFlagGems: return "flaggems";

@@ -62,6 +62,10 @@ struct ParsedConfig {
 ParsedConfig parse_config(std::string_view text, const std::string& source);
 
 // Parses one chain ("cuda", "flaggems, cuda"), as FLAGOS_OP_* values hold.
+// Whether `op` is name[.overload] with an optional "ns::" prefix, or "*":
+// the grammar of a config line's left-hand side.
+bool is_valid_op_name(std::string_view op);
+
 std::optional<std::vector<Backend>> parse_chain(std::string_view text,
                                                 const std::string& source,
                                                 int line, std::string_view op,

@@ -225,13 +225,19 @@ std::optional<std::string> read_file(const std::string& path, std::string* error
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  if (in) ss << in.rdbuf();
-  if (!in || in.bad()) {
+  std::string text;
+  if (in) {
+    // istream::read turns a failed read(2) into badbit on `in`; `ss <<
+    // in.rdbuf()` put it on the string stream instead, and a file that opens
+    // but cannot be read (EIO, a write-only file) passed as an empty config.
+    char buf[1 << 16];
+    while (in.read(buf, sizeof buf), in.gcount() > 0) text.append(buf, in.gcount());
+  }
+  if (!in.is_open() || in.bad()) {
     *error = "cannot read config file '" + path + "': not readable";
     return std::nullopt;
   }
-  return ss.str();
+  return text;
 }
 
 // Checks a parsed file; valid entries go to *routes. Problems come out in
@@ -501,6 +507,9 @@ std::string env_var(std::string_view op) {
 void set_route(const std::string& op_text, const std::string& chain_text_in) {
   OpNames names = collect_op_names();
   std::string op = without_aten(op_text);
+  TORCH_CHECK_VALUE(is_valid_op_name(op_text), "set_route: malformed op name '", op_text,
+                    "': expected name[.overload] such as 'mm', 'add.Tensor' or 'aten::mm.out', "
+                    "or '*' (the grammar of a backends.conf line)");
   TORCH_CHECK_VALUE(op_exists(names, op), "set_route: ", unknown_op_message(names, op));
   auto& s = state();
   if (chain_text_in.empty()) {

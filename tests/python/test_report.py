@@ -89,6 +89,9 @@ def test_report_errors(tmp_path, start_py, capsys):
     assert main(["report", "--from", str(tmp_path / "none.json")]) == 1
     err = capsys.readouterr().err
     assert "no data file" in err and "FLAGOS_REPORT" in err
+    # A directory, not a file: an error line, not a traceback.
+    assert main(["report", "--from", str(tmp_path)]) == 1
+    assert "report:" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="not a torch_fl data file"):

@@ -286,6 +286,19 @@ def test_table_shows_a_new_route_before_the_next_call():
     assert torch_fl.routing.stats() and row().backend == "native"
 
 
+@pytest.mark.parametrize("name", ["::mm", "foo::", "a b::c d", "mm."])
+def test_set_route_rejects_a_malformed_op_name(name):
+    # The config file's grammar refuses these; set_route took some of them.
+    with pytest.raises(ValueError, match="malformed op name"):
+        torch_fl.routing.set_route(name, "cpu")
+
+
+def test_a_config_file_that_opens_but_cannot_be_read_is_an_error():
+    # Read as an empty config (every route dropped) when read(2) failed.
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": "/proc/self/clear_refs"})
+    assert rc != 0 and "cannot read config file '/proc/self/clear_refs'" in err, err
+
+
 def test_set_route_rejects_unknown_op_and_unavailable_backend():
     with pytest.raises(ValueError, match="unknown operator 'sofmax'.*Did you mean 'softmax'"):
         torch_fl.routing.set_route("sofmax", "cpu")

@@ -224,6 +224,32 @@ def test_cli_errors(tmp_path, capsys):
     rc, out, err = bad_env.result()
     assert rc != 0 and "FLAGOS_TUNE=" in err and "is not a directory" in err
 
+    # Refused before the workload runs (it ran, then "left no tuning data").
+    for budget, iters, words in ((-1.0, 10, "--budget-ms"), (float("nan"), 10, "--budget-ms"),
+                                 (1.0, 0, "--max-iters")):
+        rc = torch_fl.tuning.run_cli(["true"], conf, data, False, budget, iters)
+        assert rc == 2 and words in capsys.readouterr().err
+    rc, err = tune(["true"], out=data)  # the data file would overwrite the config
+    assert rc == 2 and "--out and --data are one file" in err
+
+
+def test_an_import_retried_after_the_tuner_refused_its_options_refuses_again(tmp_path):
+    # The extension stays loaded after a failed import; the tuner was marked
+    # started before it raised, so a second import succeeded and tuned nothing.
+    (tmp_path / "options.json").write_text('{"budget_ms": -1}')
+    code = (
+        "import torch\n"
+        "errors = []\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        import torch_fl\n"
+        "    except ValueError as e:\n"
+        "        errors.append(str(e))\n"
+        "print(len(errors))\n"
+    )
+    rc, out, err = start_py(code, env={"FLAGOS_TUNE": str(tmp_path)}).result()
+    assert rc == 0 and out.strip().splitlines()[-1] == "2", (out, err)
+
 
 # ---- GPU (the lead runs these on the H100) ------------------------------------------
 
