@@ -55,6 +55,8 @@ struct OpNames {
   std::unordered_set<std::string> full;  // "add.Tensor", "mm", "ns::op.x"
   std::unordered_set<std::string> base;  // "add", "ns::op"
   std::vector<std::string> all;          // for "did you mean"
+  // "add" -> its overloads' operator names (aten ones, for never_routed)
+  std::unordered_map<std::string, std::vector<c10::OperatorName>> overloads;
 };
 
 // "aten::add.Tensor" -> "add.Tensor": routes name aten ops without their
@@ -73,6 +75,7 @@ OpNames collect_op_names() {
     out.full.insert(full);
     if (out.base.insert(base).second) out.all.push_back(base);
     if (full != base) out.all.push_back(full);
+    out.overloads[base].push_back(n);
   }
   return out;
 }
@@ -84,6 +87,37 @@ bool op_exists(const OpNames& names, const std::string& op) {
   // when their operators are first called, not here.
   if (!is_aten(op) || op == kDefaultEntry) return true;
   return names.full.count(op) > 0 || names.base.count(op) > 0;
+}
+
+// Why a route for aten name `op` ("linear", "softmax.int") would change
+// nothing: every overload it names has a composite kernel (implicit or
+// explicit) and none of flagos' own, so PyTorch runs the composite for a
+// flagos tensor and only the operators it calls reach routing. Empty where
+// some overload reaches the routing kernel.
+std::string never_routed_message(const OpNames& names, const std::string& op) {
+  if (!is_aten(op) || op == kDefaultEntry) return {};
+  const size_t dot = op.find('.');
+  const auto it = names.overloads.find(op.substr(0, dot));
+  if (it == names.overloads.end()) return {};
+  bool named = false;
+  for (const c10::OperatorName& n : it->second) {
+    if (dot != std::string::npos && n.overload_name != op.substr(dot + 1)) continue;
+    const auto handle = c10::Dispatcher::singleton().findOp(n);
+    if (!handle) continue;
+    named = true;
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return {};
+    const bool composite =
+        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        handle->hasKernelForDispatchKey(
+            c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+    if (!composite) return {};
+  }
+  if (!named) return {};
+  return "'" + printable(op) + "' never reaches flagos routing: PyTorch runs its composite kernel "
+         "for every device and routes the operators that kernel calls (linear: addmm or mm; "
+         "softmax: _softmax). Route those instead; torch_fl.routing.stats() after a call names "
+         "them";
 }
 
 std::string unknown_op_message(const OpNames& names, const std::string& op) {
@@ -251,6 +285,10 @@ void check_entries(const ParsedConfig& parsed, const OpNames& names,
     std::string where = e.source + ":" + std::to_string(e.line);
     if (!op_exists(names, e.op)) {
       found.emplace_back(e.line, where + ": " + unknown_op_message(names, e.op));
+      continue;
+    }
+    if (std::string why = never_routed_message(names, e.op); !why.empty()) {
+      found.emplace_back(e.line, where + ": " + why);
       continue;
     }
     std::string bad = chain_problem(e.chain);
@@ -425,6 +463,10 @@ std::vector<std::string> load(const std::string& default_path) {
       problems.push_back(msg);
       continue;
     }
+    if (std::string why = never_routed_message(names, *op); !why.empty()) {
+      problems.push_back(var + ": " + why);
+      continue;
+    }
     std::vector<ConfigError> errors;
     auto chain = parse_chain(value, var, 0, *op, &errors);
     for (const auto& err : errors) problems.push_back(err.to_string());
@@ -511,6 +553,10 @@ void set_route(const std::string& op_text, const std::string& chain_text_in) {
                     "': expected name[.overload] such as 'mm', 'add.Tensor' or 'aten::mm.out', "
                     "or '*' (the grammar of a backends.conf line)");
   TORCH_CHECK_VALUE(op_exists(names, op), "set_route: ", unknown_op_message(names, op));
+  if (!chain_text_in.empty()) {
+    const std::string why = never_routed_message(names, op);
+    TORCH_CHECK_VALUE(why.empty(), "set_route: ", why);
+  }
   auto& s = state();
   if (chain_text_in.empty()) {
     std::lock_guard<std::mutex> lock(s.mu);

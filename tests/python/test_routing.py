@@ -560,3 +560,18 @@ def test_a_seeded_flaggems_kernel_that_raises_leaves_the_generator_as_it_was():
             with pytest.raises(ValueError, match="normal_ failed"):
                 x.normal_()
         assert torch.equal(torch.flagos.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("op", ["linear", "softmax", "layer_norm", "matmul"])
+def test_a_route_for_an_operator_pytorch_decomposes_is_an_error(op, tmp_path):
+    # Accepted, then silently unused: PyTorch runs these operators' composite
+    # kernels for every device, and only the operators they call are routed.
+    conf = tmp_path / "c.conf"
+    conf.write_text(f"{op} = cpu\n")
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": str(conf)})
+    assert rc != 0 and f"'{op}' never reaches flagos routing" in err, err
+    rc, out, err = run_py("import torch_fl", env={f"FLAGOS_OP_{op}": "cpu"})
+    assert rc != 0 and "never reaches flagos routing" in err, err
+    with pytest.raises(ValueError, match="never reaches flagos routing"):
+        torch_fl.routing.set_route(op, "cpu")
+    torch_fl.routing.set_route(op, "")  # clearing one is fine
