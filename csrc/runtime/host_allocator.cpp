@@ -101,22 +101,25 @@ class PinnedHostAllocator final : public HostAllocatorBase {
     return r.stats;
   }
   void reset_accumulated_stats() override {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (c10::CachingAllocator::Stat* stat : {&r.stats.active_requests, &r.stats.active_bytes,
-                            &r.stats.allocations, &r.stats.allocated_bytes}) {
-      stat->reset_accumulated();
-    }
-    r.stats.num_host_alloc = 0;
-    r.stats.num_host_free = 0;
+    with_stats([](c10::CachingAllocator::Stat& stat) { stat.reset_accumulated(); },
+               [](at::HostStats& stats) { stats.num_host_alloc = stats.num_host_free = 0; });
   }
   void reset_peak_stats() override {
+    with_stats([](c10::CachingAllocator::Stat& stat) { stat.reset_peak(); },
+               [](at::HostStats&) {});
+  }
+
+ private:
+  // Applies `each` to every counted Stat and `rest` to the whole, under the lock.
+  template <class Each, class Rest>
+  static void with_stats(Each each, Rest rest) {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     for (c10::CachingAllocator::Stat* stat : {&r.stats.active_requests, &r.stats.active_bytes,
-                            &r.stats.allocations, &r.stats.allocated_bytes}) {
-      stat->reset_peak();
+                                              &r.stats.allocations, &r.stats.allocated_bytes}) {
+      each(*stat);
     }
+    rest(r.stats);
   }
 #endif
 };
