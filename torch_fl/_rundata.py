@@ -54,10 +54,36 @@ def snapshot(kind: str) -> dict:
 
 
 def save(data: dict, path: str) -> None:
+    """Writes a data file: a regular file is replaced whole (a reader never sees
+    half of it); through a symlink, its target is; a FIFO or device (`/dev/stdout`)
+    is written into, never replaced by a file."""
+    path = os.path.realpath(path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        return
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
+
+
+def check_writable(path: str, what: str) -> None:
+    """Raises ValueError naming `what` unless save(..., path) can write there: checked
+    when the run starts, not when it ends (atexit)."""
+    path = os.path.realpath(path)
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):
+            if not os.access(path, os.W_OK):
+                raise PermissionError(f"{path!r} is not writable")
+            return
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w"):
+            pass
+        os.remove(tmp)
+    except OSError as e:
+        raise ValueError(f"{what}={path!r} cannot be written ({e}): name a file in a writable "
+                         "directory") from None
 
 
 def load(path: str) -> dict:

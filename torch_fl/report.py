@@ -341,6 +341,7 @@ def _start_from_env() -> None:
     if "{" in path:
         path = path.replace("{pid}", str(os.getpid())).replace("{rank}", os.environ.get("RANK", "0"))
     path = os.path.abspath(path)
+    _rundata.check_writable(path, "FLAGOS_REPORT")
     _C._set_profiling(True)
     atexit.register(lambda: _rundata.save(collect(), path))
 

@@ -130,3 +130,32 @@ def test_merge_keeps_a_later_parts_failure_and_leaves_the_parts_alone():
     assert out["stats"][0]["calls"] == {"flaggems": 7}
     assert parts[0]["stats"][0]["calls"] == {"flaggems": 3}
     assert parts[0]["verify"]["records"][0]["failed"] == 0
+
+
+def test_flagos_report_writes_through_links_and_fifos_and_checks_at_start(tmp_path, run_py):
+    # The data file was written beside the path and renamed over it: a FIFO,
+    # a device (/dev/stdout) or a symlink became a regular file, and a path
+    # that cannot be written failed at exit with the data lost.
+    import threading
+
+    work = "import torch, torch_fl; (torch.ones(3, device='flagos') * 2).sum()"
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    rc, out, err = run_py(work, env={"FLAGOS_REPORT": str(link)})
+    assert rc == 0, err
+    assert link.is_symlink() and json.loads(target.read_text())["format"] == "torch_fl-run-data"
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(open(fifo).read()))
+    reader.start()
+    rc, out, err = run_py(work, env={"FLAGOS_REPORT": str(fifo)})
+    reader.join(timeout=60)
+    assert rc == 0, err
+    assert fifo.is_fifo() and json.loads(received[0])["format"] == "torch_fl-run-data"
+
+    rc, out, err = run_py(work, env={"FLAGOS_REPORT": "/proc/run.json"})
+    assert rc != 0 and "FLAGOS_REPORT='/proc/run.json' cannot be written" in err, err
