@@ -150,8 +150,10 @@ std::string closest_match(std::string_view word,
       best = c;
     }
   }
-  // Plausible misspelling: a third of the word, at least one edit.
-  size_t limit = std::max<size_t>(1, word.size() / 3);
+  // Plausible misspelling: a third of the word, at least one edit, and never
+  // the whole word (an empty or one-letter word suggested any short name).
+  size_t limit = std::min(std::max<size_t>(1, word.size() / 3), word.size() - (word.empty() ? 0 : 1));
+  if (word.empty()) return std::string();
   return best_d <= limit ? best : std::string();
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -57,6 +58,9 @@ struct OpNames {
   std::vector<std::string> all;          // for "did you mean"
   // "add" -> its overloads' operator names (aten ones, for never_routed)
   std::unordered_map<std::string, std::vector<c10::OperatorName>> overloads;
+  // "Did you mean" searches left: each compares the name with every operator,
+  // and a file of thousands of unknown names would take minutes.
+  mutable int suggestions_left = 32;
 };
 
 // "aten::add.Tensor" -> "add.Tensor": routes name aten ops without their
@@ -123,6 +127,8 @@ std::string never_routed_message(const OpNames& names, const std::string& op) {
 std::string unknown_op_message(const OpNames& names, const std::string& op) {
   std::string msg = "unknown operator '" + printable(op) +
                     "': no aten operator or overload has this name";
+  if (names.suggestions_left <= 0) return msg;
+  --names.suggestions_left;
   std::string guess = closest_match(op, names.all);
   if (!guess.empty()) msg += ". Did you mean '" + guess + "'?";
   return msg;
@@ -458,8 +464,12 @@ std::vector<std::string> load(const std::string& default_path) {
       std::string msg = var + " names no operator: '" + printable(encoded) +
                         "' is not an aten operator or overload (write '.' as "
                         "'__', e.g. FLAGOS_OP_add__Tensor)";
-      std::string guess = closest_match(encoded, names.all);
-      if (!guess.empty()) msg += ". Did you mean " + env_var(guess) + "?";
+      // Compared as variable names: "add__tensor" is add.Tensor misspelt, not add_.Tensor.
+      std::vector<std::string> encoded_names;
+      encoded_names.reserve(names.all.size());
+      for (const auto& n : names.all) encoded_names.push_back(env_var(n).substr(std::strlen(kEnvPrefix)));
+      std::string guess = closest_match(encoded, encoded_names);
+      if (!guess.empty()) msg += ". Did you mean " + std::string(kEnvPrefix) + guess + "?";
       problems.push_back(msg);
       continue;
     }
@@ -473,6 +483,12 @@ std::vector<std::string> load(const std::string& default_path) {
     if (!chain) continue;
     std::string bad = chain_problem(*chain);
     if (!bad.empty()) problems.push_back(var + "='" + printable(value) + "': " + bad);
+    if (auto seen = env_routes.find(*op); seen != env_routes.end()) {
+      // FLAGOS_OP_add__Tensor and a spelling of the same operator by another name
+      problems.push_back(var + ": '" + *op + "' is routed twice, also by " +
+                         seen->second.source.substr(4) + "; keep one");
+      continue;
+    }
     env_routes[*op] = Route{*chain, "env " + var};  // see check_entries
   }
 

@@ -160,6 +160,10 @@ def test_all_mistakes_of_a_file_are_reported_in_one_run(tmp_path):
     ({"FLAGOS_BACKEND_CONFIG": "/nonexistent/b.conf"}, ["/nonexistent/b.conf", "no such file"]),
     ({"FLAGOS_BACKEND_CONFIG": ""}, ["FLAGOS_BACKEND_CONFIG is set but empty"]),
     ({"FLAGOS_OP_sofmax": "cpu"}, ["FLAGOS_OP_sofmax names no operator", "Did you mean FLAGOS_OP_softmax?"]),
+    # compared as variable names: add.Tensor, not the in-place add_.Tensor
+    ({"FLAGOS_OP_add__tensor": "cpu"}, ["Did you mean FLAGOS_OP_add__Tensor?"]),
+    ({"FLAGOS_OP_add__Tensor": "native", "FLAGOS_OP_add.Tensor": "cpu"},
+     ["'add.Tensor' is routed twice, also by FLAGOS_OP_add.Tensor"]),
     ({"FLAGOS_OP_mm": "gpu"}, ["FLAGOS_OP_mm", "unknown backend 'gpu'", "cuda, cpu, native"]),
     ({"FLAGOS_OP_mm": "cuda"}, ["FLAGOS_OP_mm='cuda'", "no backend in the chain is available here"]),
     ({"FLAGOS_OP_mm": ""}, ["FLAGOS_OP_mm", "empty backend"]),
