@@ -412,7 +412,7 @@ def test_compiled_scatter_sum_is_deterministic_and_equals_eager(op):
 @pytest.mark.host_only
 @pytest.mark.parametrize("case", ["var", "std_far_from_zero", "layer_norm", "batch_norm_train",
                                   "masked_softmax", "reused_tanh_bf16", "divide_by_constant",
-                                  "hardswish", "int_true_divide"])
+                                  "hardswish", "int_true_divide", "avg_pool"])
 def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
     # Inductor picks var_mean's algorithm and what to recompute by the device's name:
     # flagos must get the CPU's choice, and so the CPU's bits.
@@ -429,6 +429,7 @@ def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
         "divide_by_constant": lambda t: t / 3.0,
         "hardswish": F.hardswish,
         "int_true_divide": lambda t: (t * 100).int() / 7,
+        "avg_pool": lambda t: F.adaptive_avg_pool2d(F.avg_pool2d(t[None, None], 3), (5, 4)),
     }
     fn = fns[case]
     torch._dynamo.reset()

@@ -26,8 +26,9 @@ question is answered as for the CPU, for flagos only:
 - division by a constant (``x / 3``, ``hardswish``, ``sum / n``, the bias
   correction of a capturable Adam): other devices multiply by the reciprocal,
   the CPU divides (pytorch#157959), so every such quotient differed from eager
-  and compiled CPU in the last bit. ``div_prim`` asks ``get_constant_value``
-  of the divisor; a flagos divisor is answered as no known constant.
+  and compiled CPU in the last bit. While ``div_prim`` lowers a division of a
+  flagos value, ``get_constant_value`` (which it asks of the divisor) answers
+  "no known constant".
 
 Other such choices are left as they are (docs/compile.md): the CPU-only
 small-matmul rewrites, and the CPU's higher thresholds for realizing a value
@@ -118,15 +119,45 @@ def _use_two_step_variance(original):
     return use_two_step_variance
 
 
+# Set while div_prim lowers a division of a flagos value.
+_dividing_on_flagos = threading.local()
+
+
+def _div_prim(original):
+    def div_prim(*args, **kwargs):
+        if not any(isinstance(a, ir.IRNode) and _on_flagos(a) for a in args):
+            return original(*args, **kwargs)
+        previous = getattr(_dividing_on_flagos, "on", False)
+        _dividing_on_flagos.on = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _dividing_on_flagos.on = previous
+
+    return div_prim
+
+
 def _get_constant_value(original):
     def get_constant_value(x):
-        # Only div_prim asks, to replace the division by a multiplication
-        # (for any device but the CPU); the CPU divides.
-        if _on_flagos(x):
+        # div_prim asks it of the divisor (a constant becomes a multiplication
+        # by its reciprocal on any device but the CPU); the CPU divides.
+        if getattr(_dividing_on_flagos, "on", False):
             return None
         return original(x)
 
     return get_constant_value
+
+
+def _install_div_prim() -> None:
+    """div_prim is called by name (div, avg_pool) and through the lowering table (prims.div)."""
+    original = getattr(lowering, "div_prim", None)
+    if original is None or not hasattr(lowering, "get_constant_value"):
+        return
+    wrap_once(lowering, "div_prim", _div_prim)
+    wrap_once(lowering, "get_constant_value", _get_constant_value)
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original:
+            lowering.lowerings[key] = lowering.div_prim
 
 
 def _group_without_flagos(grouping):
@@ -155,9 +186,9 @@ def install() -> None:
         (lowering, "_make_reduction_inner", _make_reduction_inner),
         (lowering, "use_scatter_fallback", _use_scatter_fallback),
         (lowering, "use_two_step_variance", _use_two_step_variance),
-        (lowering, "get_constant_value", _get_constant_value),
         (ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse),
         (combo, "group_algorithm_for_combo_kernels", _group_without_flagos),
     ):
         if owner is not None and hasattr(owner, name):
             wrap_once(owner, name, wrapper)
+    _install_div_prim()
