@@ -78,6 +78,9 @@ def set_route(op: str, backends: str) -> None:
 
 def table(op: str = None) -> list:
     """The routes: every operator called so far and every configured one."""
+    if op is not None and not isinstance(op, str):
+        raise TypeError(f"table(op): an operator name such as 'mm' or 'add.Tensor', not "
+                        f"{type(op).__name__}")
     rows = [Route(*r) for r in _C._routing_table()]
     if op is not None:
         rows = [r for r in rows if r.op == op or r.op.split("::")[-1] == op
@@ -116,8 +119,15 @@ def config_path() -> str:
     return _C._config_path()
 
 
-def check_config(path: str) -> list:
-    """Every mistake in config file ``path`` (an empty list when it is valid)."""
+def check_config(path) -> list:
+    """Every mistake in config file ``path`` (a str or os.PathLike; an empty list when it is valid)."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"check_config(path): a file path (str or os.PathLike), not "
+                        f"{type(path).__name__}") from None
+    if not isinstance(path, str):
+        path = os.fsdecode(path)
     return list(_C._check_config(path))
 
 

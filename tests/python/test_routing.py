@@ -579,3 +579,16 @@ def test_a_route_for_an_operator_pytorch_decomposes_is_an_error(op, tmp_path):
     with pytest.raises(ValueError, match="never reaches flagos routing"):
         torch_fl.routing.set_route(op, "cpu")
     torch_fl.routing.set_route(op, "")  # clearing one is fine
+
+
+def test_check_config_takes_a_path_object_and_table_refuses_a_non_name(tmp_path):
+    # check_config(pathlib.Path) raised pybind's "incompatible function
+    # arguments"; table(123) returned [] as if no route matched.
+    conf = tmp_path / "c.conf"
+    conf.write_text("mm = cpu\nsofmax = cpu\n")
+    problems = torch_fl.routing.check_config(conf)
+    assert len(problems) == 1 and "sofmax" in str(problems[0])
+    with pytest.raises(TypeError, match="file path"):
+        torch_fl.routing.check_config(3)
+    with pytest.raises(TypeError, match="operator name"):
+        torch_fl.routing.table(123)
