@@ -110,6 +110,21 @@ bool viewable(const at::Tensor& t) {
              {c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
 }
 
+// The native device's own selector over native tensors: the operator's CPU or
+// CUDA kernel is the function attention.cpp reaches through the stub for
+// tensors of that device, and it raises that device's error when every
+// allowed backend is ruled out. (Calling the stub itself from here is not
+// ABI-safe: its inline call path depends on capability macros of torch's own
+// build.) A Python dispatch mode (FakeTensor tracing) must not see it or the
+// metadata-only operations it may run (2.14 unsqueezes unbatched inputs).
+int64_t native_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, double dropout_p,
+                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  return at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 // Strided nested (torch.nested) inputs: the native selector sees their native
 // nested twins, so the host driver picks what the CPU picks (math: the CPU's
 // flash kernel takes no nested tensors) and raises where the CPU raises (math
@@ -132,13 +147,8 @@ int64_t nested_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
   };
   std::optional<at::Tensor> native_mask;
   if (mask.has_value() && mask->defined()) native_mask = twin(*mask);
-  int64_t choice = 0;
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    choice = at::_fused_sdp_choice(twin(q), twin(k), twin(v), native_mask, dropout_p, is_causal,
-                                   scale, enable_gqa);
-  }
+  const int64_t choice = native_sdp_choice(twin(q), twin(k), twin(v), native_mask, dropout_p,
+                                           is_causal, scale, enable_gqa);
   if (choice != static_cast<int64_t>(SDPBackend::flash_attention)) return choice;
   TORCH_CHECK(at::globalContext().userEnabledMathSDP(),
               "scaled_dot_product_attention: for nested (torch.nested) inputs the native device "
@@ -165,21 +175,8 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   };
   std::optional<at::Tensor> native_mask;
   if (has_mask) native_mask = native_input(*mask);
-  int64_t choice = 0;
-  {
-    // The inputs are plain native tensors: a Python dispatch mode (FakeTensor
-    // tracing) must not see the selector or the metadata-only operations it
-    // may run on them (2.14 unsqueezes unbatched inputs).
-    c10::impl::ExcludeDispatchKeyGuard no_python(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-    // The native device's own selector: the operator's CPU or CUDA kernel is
-    // the function attention.cpp reaches through the stub for tensors of that
-    // device. It raises the native device's error when every allowed backend
-    // is ruled out. (Calling the stub itself from here is not ABI-safe: its
-    // inline call path depends on capability macros of torch's own build.)
-    choice = at::_fused_sdp_choice(native_input(q), native_input(k), native_input(v), native_mask,
-                                   dropout_p, is_causal, scale, enable_gqa);
-  }
+  const int64_t choice = native_sdp_choice(native_input(q), native_input(k), native_input(v),
+                                           native_mask, dropout_p, is_causal, scale, enable_gqa);
   // For any device but CUDA, attention.cpp's flash case runs the CPU flash
   // operator: right on the host driver; on the cuda driver flagos runs CUDA's
   // flash through the overrideable operator (below).
