@@ -3,11 +3,13 @@
 # torch (CUDA; incremental when build/dev is still there), then run the GPU
 # tests and/or the GPU benchmarks. Logs, JSON and reports go to $OUT (the
 # device tool brings them back). Usage, from the repo root:
-#   bash scripts/gpu_check.sh [tests|bench|all|suite|hf|dist|tune|tunetrain|models|flaggems-cpp] [extra pytest args]
+#   bash scripts/gpu_check.sh [tests|bench|all|suite|hf|opinfo|dist|tune|tunetrain|models|flaggems-cpp] [extra pytest args]
 # suite runs every GPU-facing test file at once, in parallel processes bounded by SUITE_S
 # seconds (test_flaggems_cpp.py in 8 shards under strict verification), then, with
 # the GPU to themselves, bench/cuda_overhead.py and bench/flaggems_ops.py. hf runs the Hugging
-# Face architectures of tests/python/test_hf_models.py (HF_S seconds).
+# Face architectures of tests/python/test_hf_models.py (HF_S seconds). opinfo runs the OpInfo sweep
+# against native CUDA in every float dtype and form, FlagGems off and on (OPINFO_S seconds each),
+# then examples/hf_zoo.py in bfloat16 with every operator on CUDA's kernels (bit-equal expected).
 # flaggems-cpp runs scripts/gpu_flaggems_cpp.sh: the C++ launch path of FlagGems
 # kernels validated and measured in one run (docs/flaggems_cpp.md).
 # bench runs bench/cuda_overhead.py (every operator on cuda: the routing path's own
@@ -27,8 +29,8 @@ cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
 [ "$what" = flaggems-cpp ] && exec bash scripts/gpu_flaggems_cpp.sh
 case "$what" in
-  tests|bench|all|suite|hf|dist|tune|tunetrain|models) ;;
-  *) echo "gpu_check.sh: unknown mode '$what'; choose from tests, bench, all, suite, hf, dist," \
+  tests|bench|all|suite|hf|opinfo|dist|tune|tunetrain|models) ;;
+  *) echo "gpu_check.sh: unknown mode '$what'; choose from tests, bench, all, suite, hf, opinfo, dist," \
        "tune, tunetrain, models, flaggems-cpp" >&2
      exit 2 ;;
 esac
@@ -108,6 +110,24 @@ if [ "$what" = models ]; then
     2>&1 | tee "$OUT/decode_graphs.log"
   timeout "${MODULES_S:-200}" python3 bench/qwen3_modules.py --json "$OUT/qwen3_modules.json" \
     2>&1 | tee "$OUT/qwen3_modules.log"
+fi
+if [ "$what" = opinfo ]; then
+  # FlagGems off and on side by side (8 workers each on the 16 cores), then the error inputs.
+  sweep=(timeout "${OPINFO_S:-240}" python3 tests/python/opinfo_sweep.py --ref cuda --workers 8)
+  "${sweep[@]}" --dtypes float32,bfloat16,float16 --variants function,inplace,out \
+    > "$OUT/opinfo_native.log" 2>&1 &
+  p1=$!
+  "${sweep[@]}" --provider flaggems --dtypes float32,bfloat16 --variants function,inplace,out \
+    --max-samples 5 > "$OUT/opinfo_flaggems.log" 2>&1 &
+  p2=$!
+  wait $p1 || rc=1; wait $p2 || rc=1
+  "${sweep[@]}" --variants errors > "$OUT/opinfo_errors.log" 2>&1 || rc=1
+  FLAGOS_BACKEND_CONFIG=$ALL_CUDA timeout "${HF_S:-200}" python3 examples/hf_zoo.py --ref cuda \
+    --dtype bfloat16 --all-cuda > "$OUT/hf_zoo.log" 2>&1 || rc=1
+  for f in opinfo_native opinfo_flaggems opinfo_errors; do
+    echo "== $f"; grep -E "FAIL|crash|timeout" "$OUT/$f.log" | head -n 20; grep "OpInfo sweep" "$OUT/$f.log"
+  done
+  echo "== hf_zoo"; tail -n 30 "$OUT/hf_zoo.log"
 fi
 if [ "$what" = hf ]; then
   # The Hugging Face architectures of tests/python/test_hf_models.py, in three processes

@@ -23,8 +23,8 @@ every run) is
    geometry: sizes, strides (0-strides of expanded tensors and overlap too),
    storage offset, and aliasing between tensors of one sample (tensors that
    share a storage share one flagos storage). Only tensors on the reference
-   device move (with ``--ref cuda`` the bytes go through the CPU: flagos
-   refuses a direct cuda -> flagos copy); a CPU tensor in a cuda sample (a
+   device move (with ``--ref cuda`` from a CPU staging copy, which also
+   serves a second reference run); a CPU tensor in a cuda sample (a
    0-dim scalar, tensor_split's indices) stays on the CPU, as CUDA wants it.
    ``torch.device(REF)`` and ``"REF"`` arguments become flagos, generators of
    the reference device flagos ones in the same state. Arguments PyTorch wants
