@@ -27,6 +27,7 @@ from . import _dtensor_random  # noqa: E402
 from . import _autograd_threads  # noqa: E402
 from . import _comm  # noqa: E402
 from . import _transformers  # noqa: E402
+from . import _env_names  # noqa: E402
 
 if getattr(torch, "flagos", None) is not flagos:
     if hasattr(torch, "flagos"):
@@ -39,6 +40,8 @@ if not hasattr(torch.Tensor, "is_flagos"):
 
 # Validation: the driver (FLAGOS_ACCELERATOR, FLAGOS_HOST_*), then routing
 # (config file, FLAGOS_OP_*, policies). A mistake raises here, naming it.
+# A FLAGOS_* name torch_fl does not know (a misspelling) is warned about.
+_env_names.warn_unknown()
 _C._init()
 # Host driver: autograd's flagos worker thread takes the caller's intra-op thread count.
 _autograd_threads.install()

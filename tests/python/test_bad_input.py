@@ -25,6 +25,7 @@ never reports within the timeout, fails that case.
 import importlib.metadata
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -224,11 +225,50 @@ def _env_cases(tmp):
 
     four_bad("FLAGOS_DISABLE_FLAGGEMS_PY")
 
+    # A FLAGOS_* name torch_fl does not know: a warning naming it and the closest known name.
+    add("FLAGOS_<misspelled>", {"FLAGOS_BACKEND_CONFG": "all-cuda.conf"},
+        ok(warning="unknown environment variable FLAGOS_BACKEND_CONFG is ignored; "
+                   "did you mean FLAGOS_BACKEND_CONFIG?"))
+    add("FLAGOS_<unknown>", {"FLAGOS_SPEED": "max"},
+        ok(warning="unknown environment variable FLAGOS_SPEED is ignored; torch_fl reads "
+                   "FLAGOS_ACCELERATOR"))
+
     # Where FlagGems' kernel sources are (docs/flaggems_cpp.md): checked at import on
     # every driver, so a wrong value is named before anything runs.
     for label, value in [("garbage", no_such), ("huge-text", HUGE_TEXT), ("a-file", os.devnull)]:
         add(f"FLAGGEMS_SOURCE_DIR={label}", {"FLAGGEMS_SOURCE_DIR": value}, BAD)
     return cases
+
+
+def test_every_flagos_variable_the_project_uses_is_known():
+    # torch_fl warns about FLAGOS_* names it does not know (torch_fl/_env_names.py):
+    # a variable read by torch_fl, the build or the project's tools must be listed there.
+    import re
+
+    from torch_fl import _env_names
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    used = {}
+    files = [root / ".ci" / "run", root / "CMakeLists.txt", *root.glob("cmake/*.cmake")]
+    for folder in ("torch_fl", "tests", "bench", "scripts", "examples", "csrc"):
+        files += [p for p in (root / folder).rglob("*")
+                  if p.suffix in (".py", ".sh", ".cpp", ".h", ".conf", ".txt")]
+    # As an environment variable. C++ and CMake: read by getenv, env_value & co., $ENV{};
+    # elsewhere any quoted name, $NAME, ${NAME} or NAME= (macros and CMake options are not).
+    name = r"(FLAGOS_[A-Z0-9_]*[A-Z0-9])"
+    native = re.compile(r"(?:getenv|env_[a-z_]+|ScopedEnv [a-z]+)\(\"" + name + r"\"|\$ENV\{" + name)
+    script = re.compile(r"[\"']" + name + r"[\"']|\$\{?" + name + r"|(?<![\w-])" + name + "=")
+    for path in files:
+        if not path.is_file() or path.name == "test_bad_input.py":
+            continue
+        pattern = native if path.suffix in (".cpp", ".h", ".cmake", ".txt") else script
+        for groups in pattern.findall(path.read_text(errors="replace")):
+            for n in filter(None, groups if isinstance(groups, tuple) else (groups,)):
+                used.setdefault(n, path.relative_to(root))
+    unknown = {n: str(p) for n, p in used.items()
+               if n not in _env_names.KNOWN and not n.startswith("FLAGOS_OP_")}
+    assert not unknown, f"FLAGOS_* variables missing from torch_fl/_env_names.py: {unknown}"
+    assert {"FLAGOS_BACKEND_CONFIG", "FLAGOS_ACCELERATOR", "FLAGOS_TEST_SHARD"} <= set(used)
 
 
 def _case_env(env):
