@@ -18,6 +18,7 @@
 
 #include "aten/native_call.h"
 #include "aten/native_view.h"
+#include "aten/own_kernels.h"
 #include "runtime/device.h"
 #include "runtime/native_allocation.h"
 #include "runtime/version.h"
@@ -141,10 +142,10 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_to_copy", TORCH_FN(to_copy));
-  m.impl("copy_", TORCH_FN(copy_));
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  impl_own(m, "_to_copy", TORCH_FN(to_copy));
+  impl_own(m, "copy_", TORCH_FN(copy_));
+  impl_own(m, "_copy_from", TORCH_FN(copy_from));
+  impl_own(m, "_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
 }
 
 // The conjugate and negative-view fallbacks would materialise a lazily

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include "aten/native_view.h"
+#include "aten/own_kernels.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/flagos_tensor.h"
@@ -134,8 +135,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
                                int64_t storage_offset, c10::IntArrayRef size,
                                c10::IntArrayRef stride) {
-  TORCH_CHECK(source.device().type() == kFlagos,
-              "set_: expected a flagos storage, got one on ", source.device());
+  // checkSetStorage refuses a storage of another device with the CPU's and CUDA's message.
   at::native::checkSetStorage(self, std::move(source), storage_offset, size,
                               stride);
   self.unsafeGetTensorImpl()->set_storage_offset(storage_offset);
@@ -191,19 +191,19 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
-  m.impl("view", TORCH_FN(at::native::view));
-  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_.source_Storage", TORCH_FN(set_storage));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
-  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
-  m.impl("set_", TORCH_FN(set_empty));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  m.impl("record_stream", TORCH_FN(record_stream));
+  impl_own(m, "_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  impl_own(m, "empty.memory_format", TORCH_FN(empty_memory_format));
+  impl_own(m, "empty_strided", TORCH_FN(empty_strided));
+  impl_own(m, "as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  impl_own(m, "view", TORCH_FN(at::native::view));
+  impl_own(m, "_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  impl_own(m, "resize_", TORCH_FN(resize_));
+  impl_own(m, "set_.source_Storage", TORCH_FN(set_storage));
+  impl_own(m, "set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  impl_own(m, "set_.source_Tensor", TORCH_FN(set_tensor));
+  impl_own(m, "set_", TORCH_FN(set_empty));
+  impl_own(m, "_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  impl_own(m, "record_stream", TORCH_FN(record_stream));
 }
 
 }  // namespace torch_fl::aten

@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 
 #include "aten/host_parity.h"
+#include "aten/own_kernels.h"
 #include "aten/python_provider.h"
 #include "aten/shadow_verify.h"
 #include "flaggems/cuda_launch.h"
@@ -93,23 +94,28 @@ bool op_exists(const OpNames& names, const std::string& op) {
   return names.full.count(op) > 0 || names.base.count(op) > 0;
 }
 
-// Why a route for aten name `op` ("linear", "softmax.int") would change
-// nothing: every overload it names has a composite kernel (implicit or
-// explicit) and none of flagos' own, so PyTorch runs the composite for a
-// flagos tensor and only the operators it calls reach routing. Empty where
-// some overload reaches the routing kernel.
+// Why a route for aten name `op` ("linear", "softmax.int", "copy_") would
+// change nothing: every overload it names has a composite kernel (implicit or
+// explicit), so PyTorch runs the composite for a flagos tensor and only the
+// operators it calls reach routing, or a kernel of flagos' own
+// (aten/own_kernels.h). Empty where some overload reaches the routing kernel.
 std::string never_routed_message(const OpNames& names, const std::string& op) {
   if (!is_aten(op) || op == kDefaultEntry) return {};
   const size_t dot = op.find('.');
   const auto it = names.overloads.find(op.substr(0, dot));
   if (it == names.overloads.end()) return {};
   bool named = false;
+  bool own = false;  // an overload served by a kernel of flagos' own
   for (const c10::OperatorName& n : it->second) {
     if (dot != std::string::npos && n.overload_name != op.substr(dot + 1)) continue;
     const auto handle = c10::Dispatcher::singleton().findOp(n);
     if (!handle) continue;
     named = true;
-    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return {};
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      if (!aten::is_own_kernel(n)) return {};
+      own = true;
+      continue;
+    }
     const bool composite =
         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
@@ -118,6 +124,11 @@ std::string never_routed_message(const OpNames& names, const std::string& op) {
     if (!composite) return {};
   }
   if (!named) return {};
+  if (own) {
+    return "'" + printable(op) + "' never reaches flagos routing: flagos serves it with a kernel of "
+           "its own on every driver (allocation, views, metadata and copies work on the device's "
+           "memory directly), so no route applies to it";
+  }
   return "'" + printable(op) + "' never reaches flagos routing: PyTorch runs its composite kernel "
          "for every device and routes the operators that kernel calls (linear: addmm or mm; "
          "softmax: _softmax). Route those instead; torch_fl.routing.stats() after a call names "

@@ -581,6 +581,19 @@ def test_a_route_for_an_operator_pytorch_decomposes_is_an_error(op, tmp_path):
     torch_fl.routing.set_route(op, "")  # clearing one is fine
 
 
+@pytest.mark.parametrize("op", ["copy_", "_to_copy", "empty.memory_format", "view", "set_"])
+def test_a_route_for_an_operator_flagos_serves_itself_is_an_error(op, tmp_path):
+    # Copies, allocation, views and metadata run flagos' own kernels on every
+    # driver: a route for one was accepted and changed nothing.
+    conf = tmp_path / "c.conf"
+    conf.write_text(f"{op} = cpu\n")
+    rc, out, err = run_py("import torch_fl", env={"FLAGOS_BACKEND_CONFIG": str(conf)})
+    assert rc != 0 and f"'{op}' never reaches flagos routing: flagos serves it with a kernel of its own" in err, err
+    with pytest.raises(ValueError, match="kernel of its own"):
+        torch_fl.routing.set_route(op, "cpu")
+    torch_fl.routing.set_route(op, "")  # clearing one is fine
+
+
 def test_check_config_takes_a_path_object_and_table_refuses_a_non_name(tmp_path):
     # check_config(pathlib.Path) raised pybind's "incompatible function
     # arguments"; table(123) returned [] as if no route matched.
