@@ -300,8 +300,12 @@ Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend b
 // that call their out= form with `self` twice (addr_), whose native kernel
 // tells the in-place call from an out= one by the argument's address and
 // checks `self`'s shape only for the in-place one. A boxed out= call holds the
-// two in separate stack slots: a wrongly shaped `self` was resized instead.
-constexpr std::string_view kCompositesRoutedWhole[] = {"mode.values", "addr_"};
+// two in separate stack slots: a wrongly shaped `self` was resized instead;
+// and those whose TensorIterator calls a DispatchStub by the tensors' device
+// type, which has no PrivateUse1 entry (kaiser_window: its other overloads
+// call the beta one's C++ function directly, not through the dispatcher).
+constexpr std::string_view kCompositesRoutedWhole[] = {
+    "mode.values", "addr_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"};
 
 void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   boxed_routing_kernel(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);

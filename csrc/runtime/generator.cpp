@@ -117,8 +117,9 @@ at::Generator native_generator(const std::optional<at::Generator>& gen,
                                c10::DeviceIndex device) {
   const at::Generator& g =
       (gen.has_value() && gen->defined()) ? *gen : default_generator(device);
-  TORCH_CHECK(g.device().type() == kFlagos,
-              "expected a flagos generator, got one for ", g.device());
+  // ATen's words (check_generator), as the CPU and CUDA kernels say them.
+  TORCH_CHECK(g.device().type() == kFlagos, "Expected a '", c10::DeviceType(kFlagos),
+              "' device type for generator but found '", g.device().type(), "'");
   return static_cast<FlagosGeneratorImpl*>(g.unsafeGetGeneratorImpl())->native();
 }
 

@@ -378,6 +378,16 @@ def test_generator_set_state_with_bad_tensor_raises():
         g.set_state(torch.zeros(10, dtype=torch.uint8))
 
 
+def test_a_generator_of_another_device_is_refused_in_atens_words():
+    # The CPU's and CUDA's kernels say it so (check_generator); a DataLoader's
+    # RandomSampler under set_default_device makes a CPU generator.
+    with pytest.raises(RuntimeError, match="Expected a 'flagos' device type for generator but found 'cpu'"):
+        torch.randn(3, device="flagos", generator=torch.Generator("cpu"))
+    w = torch.empty(4, 4, device="flagos")
+    with pytest.raises(RuntimeError, match="Expected a 'flagos' device type for generator but found 'cpu'"):
+        torch.nn.init.normal_(w, generator=torch.Generator("cpu"))
+
+
 def test_generator_on_out_of_range_device_raises():
     n = torch.flagos.device_count()
     with pytest.raises(RuntimeError, match=rf"{n + 3}.*0\.\.{n - 1}"):

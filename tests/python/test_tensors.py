@@ -1178,6 +1178,33 @@ def test_addr_in_place_matches_the_cpu():
     assert_same(flagos, cpu.addr_(v1, v2, beta=0.5, alpha=2), rtol=tol, atol=tol)
 
 
+def test_set_to_a_storage_of_another_device_is_refused_in_the_cpus_words():
+    t, cpu = torch.empty(0, device="flagos"), torch.randn(4)
+    words = r'Attempted to set the storage of a tensor on device "flagos:0" to a storage on different device "cpu"'
+    with pytest.raises(RuntimeError, match=words):
+        t.set_(cpu.untyped_storage())
+    with pytest.raises(RuntimeError, match=words):
+        t.set_(cpu)
+    with pytest.raises(RuntimeError, match=words):
+        t.set_(cpu.untyped_storage(), 0, (2,), (1,))
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kaiser_window_matches_the_cpu(periodic, dtype):
+    # Its composite kernel calls a DispatchStub by device type, which has no
+    # flagos entry: it is routed whole, on the native device.
+    import torch_fl
+
+    tol = 0.0 if torch_fl.driver() == "host" else 1e-6  # the CPU's kernel, or CUDA's
+    for n in (0, 1, 7, 64):
+        want = torch.kaiser_window(n, periodic, 12.0, dtype=dtype)
+        got = torch.kaiser_window(n, periodic, 12.0, dtype=dtype, device="flagos")
+        assert got.device == DEV
+        assert_same(got, want, rtol=tol, atol=tol)
+    assert_same(torch.kaiser_window(16, device="flagos"), torch.kaiser_window(16), rtol=tol, atol=tol)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
                                     "sparse_bsc"])
