@@ -159,8 +159,8 @@ _CPU_ARGS = {
 }
 
 # Ops whose output is not a function of their inputs (uninitialised memory,
-# nondeterministic fused kernels): OpInfo's ``has_nondeterministic_output``
-# where this torch has it (2.13), else these (its value in torch 2.13).
+# nondeterministic fused kernels): these, and those OpInfo's
+# ``has_nondeterministic_output`` marks where this torch has it.
 _NONDETERMINISTIC_OUTPUT = {
     "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty",
     "new_empty_strided", "torch.ops.aten._efficient_attention_forward",
@@ -1191,7 +1191,8 @@ def _load_runner(stride: int, offset: int, only: set | None,
         dname = str(dtype).removeprefix("torch.")
         errors = getattr(op, "kind", None) == "errors"
         flag = getattr(op, "has_nondeterministic_output", None)
-        meta_only = bool(flag) if flag is not None else name in _NONDETERMINISTIC_OUTPUT
+        # Either says so: torch 2.11's OpInfos leave the flag False for empty_like and new_empty.
+        meta_only = bool(flag) or name in _NONDETERMINISTIC_OUTPUT
         torch.manual_seed(zlib.crc32(name.encode()) ^ seed)
         gen_error, capped = None, False
         tol = tolerance(op, dtype)
