@@ -303,9 +303,11 @@ Served run_provider(const c10::OperatorHandle& op, const OpPlan& plan, Backend b
 // two in separate stack slots: a wrongly shaped `self` was resized instead;
 // and those whose TensorIterator calls a DispatchStub by the tensors' device
 // type, which has no PrivateUse1 entry (kaiser_window: its other overloads
-// call the beta one's C++ function directly, not through the dispatcher).
+// call the beta one's C++ function directly, not through the dispatcher;
+// conj_physical_, a no-op on real tensors).
 constexpr std::string_view kCompositesRoutedWhole[] = {
-    "mode.values", "addr_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"};
+    "mode.values",        "addr_",          "kaiser_window", "kaiser_window.periodic",
+    "kaiser_window.beta", "conj_physical_"};
 
 void route_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   boxed_routing_kernel(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);

@@ -43,9 +43,19 @@ void histc(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = out_variant ? 5 : 4;
   auto args = torch::jit::last(*stack, n);
   const at::Tensor& self = args[0].toTensor();
-  if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
-    op.redispatchBoxed(NativeCall::native_keys(), stack);
-    return;
+  // CUDA's kernel takes the integer types of AT_DISPATCH_ALL_TYPES; the others
+  // (bool, uint16/32/64) and floats go to the CPU kernel, which refuses what
+  // it and CUDA refuse.
+  switch (self.scalar_type()) {
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+      break;
+    default:
+      op.redispatchBoxed(NativeCall::native_keys(), stack);
+      return;
   }
   at::Tensor hist = integral_histc(self, args[1].toInt(), args[2].toScalar(), args[3].toScalar());
   if (out_variant) hist = into_out(args[4].toTensor(), hist);  // any dtype, as on CUDA

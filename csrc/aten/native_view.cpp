@@ -287,6 +287,13 @@ void NativeViews::sync_back(c10::TensorImpl* flagos, const at::Tensor& native_vi
     flagos->set_sizes_and_strides(native_view.sizes(), native_view.strides(),
                                   native_view.storage_offset());
   }
+  // A kernel may flip an out= tensor's conj or neg bit (linalg's solvers with
+  // left=False write the conjugate of the result and set the bit).
+  const c10::TensorImpl* n = native_view.unsafeGetTensorImpl();
+  if ((n->key_set() & runtime::kFlagKeys) != (flagos->key_set() & runtime::kFlagKeys)) {
+    flagos->_set_conj(n->is_conj());
+    flagos->_set_neg(n->is_neg());
+  }
 }
 
 void NativeViews::layout_sync_back(c10::TensorImpl* flagos, const at::Tensor& twin,

@@ -13,6 +13,7 @@ whole batch, and autograd's gradient of ``batch_norm``.
 """
 
 import random
+import re
 import warnings
 
 import pytest
@@ -62,6 +63,18 @@ def test_integer_histc_counts_as_cuda_does(dtype, bins, lo, hi):
     assert got.device.type == "flagos" and got.dtype == dtype
     want = cuda_histc(x.tolist(), bins, lo, hi, dtype)
     assert torch.equal(got.cpu(), want), f"seed {seed}"
+
+
+@pytest.mark.host_only
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, torch.bool], ids=str)
+def test_histc_of_an_integer_type_cuda_lacks_is_refused_as_on_the_cpu(dtype):
+    # CUDA's kernel takes the AT_DISPATCH_ALL_TYPES integers only; the CPU's
+    # kernel refuses these too, with its own words.
+    x = torch.tensor([0, 1, 1, 3]).to(dtype)
+    with pytest.raises((RuntimeError, NotImplementedError)) as want:
+        torch.histc(x, bins=4, min=0, max=3)
+    with pytest.raises(type(want.value), match=re.escape(str(want.value).splitlines()[0][:40])):
+        torch.histc(x.to("flagos"), bins=4, min=0, max=3)
 
 
 def test_integer_histc_of_a_constant_or_empty_input_widens_the_range():

@@ -1205,6 +1205,49 @@ def test_kaiser_window_matches_the_cpu(periodic, dtype):
     assert_same(torch.kaiser_window(16, device="flagos"), torch.kaiser_window(16), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("fn", ["lu_solve", "solve", "solve_ex"])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_an_out_tensor_whose_conj_bit_the_kernel_sets_keeps_it(fn, dtype):
+    # With left=False, linalg's solvers write the conjugate of the result into
+    # `out` and set its conj bit: the bit must reach the flagos tensor.
+    torch.manual_seed(0)
+    a = torch.randn(3, 3, dtype=dtype) + 3 * torch.eye(3, dtype=dtype)
+    b = torch.randn(2, 3, dtype=dtype)
+    if fn == "lu_solve":
+        lu, piv = torch.linalg.lu_factor(a)
+        call = lambda d, out: torch.linalg.lu_solve(lu.to(d), piv.to(d), b.to(d), left=False, out=out)
+    elif fn == "solve":
+        call = lambda d, out: torch.linalg.solve(a.to(d), b.to(d), left=False, out=out)
+    else:
+        call = lambda d, out: torch.linalg.solve_ex(a.to(d), b.to(d), left=False, out=(out, torch.empty(0, dtype=torch.int32, device=d)))
+    want = torch.empty(0, dtype=dtype)
+    call("cpu", want)
+    got = torch.empty(0, dtype=dtype, device="flagos")
+    call("flagos", got)
+    assert got.is_conj() == want.is_conj() and got.stride() == want.stride()
+    import torch_fl
+
+    tol = 0.0 if torch_fl.driver() == "host" else 1e-5
+    assert_same(got.resolve_conj(), want.resolve_conj(), rtol=tol, atol=tol)
+
+
+def test_conj_physical_in_place_and_complex_svd_out_match_the_cpu():
+    # conj_physical_'s composite calls a DispatchStub by device type.
+    torch.manual_seed(0)
+    z = torch.randn(5, dtype=torch.complex64)
+    got = z.to("flagos")
+    assert got.conj_physical_() is got
+    assert_same(got, z.clone().conj_physical_())
+    a = torch.randn(4, 3, dtype=torch.complex64)
+    outs = tuple(torch.empty(0, dtype=t, device="flagos") for t in (a.dtype, torch.float32, a.dtype))
+    torch.svd(a.to("flagos"), out=outs)
+    import torch_fl
+
+    native = "cuda" if torch_fl.driver() == "cuda" else "cpu"  # singular vectors: the native kernel's
+    for g, w in zip(outs, torch.svd(a.to(native))):
+        assert_same(g.resolve_conj(), w.resolve_conj().cpu())
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # sparse compressed tensors are beta
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
                                     "sparse_bsc"])
