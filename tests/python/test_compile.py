@@ -412,7 +412,8 @@ def test_compiled_scatter_sum_is_deterministic_and_equals_eager(op):
 @pytest.mark.host_only
 @pytest.mark.parametrize("case", ["var", "std_far_from_zero", "layer_norm", "batch_norm_train",
                                   "masked_softmax", "reused_tanh_bf16", "divide_by_constant",
-                                  "hardswish", "int_true_divide", "avg_pool"])
+                                  "hardswish", "int_true_divide", "avg_pool",
+                                  "conv1d_bias", "conv2d_bias_bf16", "conv_transpose2d_bias_bf16"])
 def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
     # Inductor picks var_mean's algorithm and what to recompute by the device's name:
     # flagos must get the CPU's choice, and so the CPU's bits.
@@ -430,6 +431,14 @@ def test_device_name_decisions_match_compiled_cpu_bit_for_bit(case):
         "hardswish": F.hardswish,
         "int_true_divide": lambda t: (t * 100).int() / 7,
         "avg_pool": lambda t: F.adaptive_avg_pool2d(F.avg_pool2d(t[None, None], 3), (5, 4)),
+        # Other devices add a convolution's bias in a kernel of its own: one more rounding.
+        "conv1d_bias": lambda t: F.conv1d(t[None], t.reshape(-1)[:960].reshape(5, 64, 3), t[0, :5]),
+        "conv2d_bias_bf16": lambda t: F.conv2d(
+            t.to(torch.bfloat16).view(1, 2, 32, 32), t[:6, :18].to(torch.bfloat16).reshape(6, 2, 3, 3),
+            t[1, :6].to(torch.bfloat16)),
+        "conv_transpose2d_bias_bf16": lambda t: F.conv_transpose2d(
+            t.to(torch.bfloat16).view(1, 2, 32, 32), t[:2, :27].to(torch.bfloat16).reshape(2, 3, 3, 3),
+            t[2, :3].to(torch.bfloat16)),
     }
     fn = fns[case]
     torch._dynamo.reset()

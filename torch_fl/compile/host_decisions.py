@@ -23,6 +23,12 @@ question is answered as for the CPU, for flagos only:
 - whether a value used twice is stored or recomputed (``exp``, ``log``,
   ``tanh``... are stored on the CPU): the last bits of a masked softmax, and
   the kernels' speed;
+- a convolution's bias: other devices peel it off the convolution and add it
+  in a generated kernel (cuDNN is slower with it), the CPU's ATen kernel adds
+  it itself. The extra rounding put a bf16 convolution an ulp off compiled
+  and eager CPU on many elements (float32: a few 1e-7). Convolution is
+  lowered for flagos with every device question answered as the CPU's (the
+  rest of its choices are Triton templates', which no CPU layout takes);
 - division by a constant (``x / 3``, ``hardswish``, ``sum / n``, the bias
   correction of a capturable Adam): other devices multiply by the reciprocal,
   the CPU divides (pytorch#157959), so every such quotient differed from eager
@@ -40,6 +46,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+
+import torch
 
 from torch._inductor import config, ir, lowering, scheduler
 
@@ -160,6 +168,28 @@ def _install_div_prim() -> None:
             lowering.lowerings[key] = lowering.div_prim
 
 
+def _convolution(original):
+    def convolution(x, *args, **kwargs):
+        if not (isinstance(x, ir.IRNode) and _on_flagos(x)):
+            return original(x, *args, **kwargs)
+        with _device_type_answered_as_cpu():
+            return original(x, *args, **kwargs)
+
+    return convolution
+
+
+def _install_lowering_as_cpu(op, make_wrapper) -> None:
+    """Every lowering-table entry of `op` (one per overload) goes through the wrapper."""
+    original = lowering.lowerings.get(op)
+    if original is None or getattr(original, "_flagos_as_cpu", False):
+        return  # not lowered by this torch, or installed already
+    wrapped = make_wrapper(original)
+    wrapped._flagos_as_cpu = True
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original:
+            lowering.lowerings[key] = wrapped
+
+
 def _group_without_flagos(grouping):
     def group_algorithm(scheduler):
         return [[n for n in group if not _on_flagos(n)] for group in grouping(scheduler)]
@@ -192,3 +222,4 @@ def install() -> None:
         if owner is not None and hasattr(owner, name):
             wrap_once(owner, name, wrapper)
     _install_div_prim()
+    _install_lowering_as_cpu(torch.ops.aten.convolution.default, _convolution)
