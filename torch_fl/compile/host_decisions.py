@@ -93,14 +93,17 @@ def _make_reduction_inner(original):
     return _make_reduction_inner
 
 
-def _should_realize_on_reuse(original):
-    def should_realize_on_reuse(self, *args, **kwargs):
-        if not _on_flagos(self):
-            return original(self, *args, **kwargs)
+def _as_cpu_for_flagos(original):
+    """`original`, asked every device question as the CPU's when its first
+    argument is an IR node on flagos (StorageBox.should_realize_on_reuse's
+    self, the convolution lowering's input)."""
+    def as_cpu_for_flagos(node, *args, **kwargs):
+        if not (isinstance(node, ir.IRNode) and _on_flagos(node)):
+            return original(node, *args, **kwargs)
         with _device_type_answered_as_cpu():
-            return original(self, *args, **kwargs)
+            return original(node, *args, **kwargs)
 
-    return should_realize_on_reuse
+    return as_cpu_for_flagos
 
 
 def _use_scatter_fallback(original):
@@ -156,6 +159,13 @@ def _get_constant_value(original):
     return get_constant_value
 
 
+def _repoint_lowerings(original, replacement) -> None:
+    """Every lowering-table entry holding `original` (one per overload) now holds `replacement`."""
+    for key, fn in list(lowering.lowerings.items()):
+        if fn is original:
+            lowering.lowerings[key] = replacement
+
+
 def _install_div_prim() -> None:
     """div_prim is called by name (div, avg_pool) and through the lowering table (prims.div)."""
     original = getattr(lowering, "div_prim", None)
@@ -163,31 +173,17 @@ def _install_div_prim() -> None:
         return
     wrap_once(lowering, "div_prim", _div_prim)
     wrap_once(lowering, "get_constant_value", _get_constant_value)
-    for key, fn in list(lowering.lowerings.items()):
-        if fn is original:
-            lowering.lowerings[key] = lowering.div_prim
+    _repoint_lowerings(original, lowering.div_prim)
 
 
-def _convolution(original):
-    def convolution(x, *args, **kwargs):
-        if not (isinstance(x, ir.IRNode) and _on_flagos(x)):
-            return original(x, *args, **kwargs)
-        with _device_type_answered_as_cpu():
-            return original(x, *args, **kwargs)
-
-    return convolution
-
-
-def _install_lowering_as_cpu(op, make_wrapper) -> None:
-    """Every lowering-table entry of `op` (one per overload) goes through the wrapper."""
-    original = lowering.lowerings.get(op)
+def _install_convolution() -> None:
+    """The convolution lowering, reached through the table only, asked as the CPU for flagos."""
+    original = lowering.lowerings.get(torch.ops.aten.convolution.default)
     if original is None or getattr(original, "_flagos_as_cpu", False):
         return  # not lowered by this torch, or installed already
-    wrapped = make_wrapper(original)
+    wrapped = _as_cpu_for_flagos(original)
     wrapped._flagos_as_cpu = True
-    for key, fn in list(lowering.lowerings.items()):
-        if fn is original:
-            lowering.lowerings[key] = wrapped
+    _repoint_lowerings(original, wrapped)
 
 
 def _group_without_flagos(grouping):
@@ -216,10 +212,10 @@ def install() -> None:
         (lowering, "_make_reduction_inner", _make_reduction_inner),
         (lowering, "use_scatter_fallback", _use_scatter_fallback),
         (lowering, "use_two_step_variance", _use_two_step_variance),
-        (ir.StorageBox, "should_realize_on_reuse", _should_realize_on_reuse),
+        (ir.StorageBox, "should_realize_on_reuse", _as_cpu_for_flagos),
         (combo, "group_algorithm_for_combo_kernels", _group_without_flagos),
     ):
         if owner is not None and hasattr(owner, name):
             wrap_once(owner, name, wrapper)
     _install_div_prim()
-    _install_lowering_as_cpu(torch.ops.aten.convolution.default, _convolution)
+    _install_convolution()
